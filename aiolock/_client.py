@@ -1,0 +1,530 @@
+"""The Client: one per event loop, owner of every shared resource.
+
+It owns one multiplexed command connection, the one pub/sub listener task
+(with its own connection), the one watchdog task, the loaded scripts, the
+key prefix and a random 128-bit client id. Primitives are cheap views that
+call into it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._connection import CommandConnection
+from ._errors import (
+    ClientClosedError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    WrongEventLoopError,
+)
+from ._futures import retrieve
+from ._lease import Hold, Lease, LostCallback, call_lost_callback
+from ._listener import Listener
+from ._lock import AsyncLock
+from ._notify import Backoff, ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
+from ._owner import task_serial
+from ._scripts import Script, load_scripts
+from ._validate import check_lease, check_prefix, check_seconds, to_ms
+from ._watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from ._fair import FairLock
+    from ._latch import Latch
+    from ._multi import MultiLock
+    from ._rwlock import ReadWriteLock
+    from ._semaphore import Semaphore
+    from ._spin import SpinLock
+
+__all__ = ["Client", "ClientStatistics", "Notify"]
+
+log = logging.getLogger("aiolock")
+
+Notify = Literal["pubsub", "list", "poll"]
+_NOTIFY_MODES = ("pubsub", "list", "poll")
+#: Fence counters of names nobody used for this long expire (see DESIGN: fencing).
+FENCE_RETENTION = 24 * 3600.0
+_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStatistics:
+    """A cheap snapshot of a Client's local state (no round trip)."""
+
+    holds: int
+    """Holds this Client has in Redis right now (one per held lock, however re-entered)."""
+    waiting: int
+    """Tasks waiting for a lock: queued locally or parked on a channel."""
+    subscriptions: int
+    """Channels some local task waits on (pub/sub channels, or BLPOP loops in
+    list mode). A pub/sub channel stays subscribed for a second after its last
+    waiter left, in case it is waited on again; it is not counted then."""
+    watched: int
+    """Holds the watchdog renews."""
+    in_flight: int
+    """Commands sent and not answered yet."""
+    background: int
+    """Clean-up tasks still running (undo of a cancelled acquire, release retries)."""
+    command_connects: int
+    pubsub_connects: int
+
+
+class Client:
+    """One Client per event loop: the connection, listener and watchdog of aiolock.
+
+    ``Client(redis)`` wraps a ``redis.asyncio.Redis`` you already have (its
+    connection settings are reused for aiolock's own two connections; your
+    client is not closed by ``aclose()``). ``Client.from_url(url)`` makes its own.
+
+    * ``prefix``: the first part of every key, ``<prefix>:{<name>}``.
+    * ``lease``: the lease time, in seconds, of holds taken without an explicit
+      lease; the watchdog renews them every ``lease / 3``.
+    * ``notify``: how waiters learn of a release: ``"pubsub"`` (one shared
+      pub/sub connection), ``"list"`` (BLPOP on a signal list, for servers
+      without pub/sub) or ``"poll"`` (capped exponential backoff). See
+      ``aiolock._notify``. ``backoff`` tunes the ``"poll"`` mode.
+    * ``command_timeout``: a connection that answers nothing for this long
+      while commands are pending is closed and reconnected.
+
+    A Client is bound to the event loop it first runs on, and started on
+    first use or by ``async with``. ``aclose()`` is idempotent. On close,
+    tasks waiting for a lock get ClientClosedError; locks still held are
+    marked lost (their ``async with`` bodies are cancelled, their on_lost
+    callbacks run) and released in Redis, so that other processes do not
+    wait out the lease.
+    """
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        *,
+        prefix: str = "aiolock",
+        lease: float = 30.0,
+        notify: Notify = "pubsub",
+        command_timeout: float = 10.0,
+        backoff: Backoff | None = None,
+    ) -> None:
+        if not isinstance(redis, aioredis.Redis):
+            raise InvalidArgumentTypeError(
+                f"Client() takes a redis.asyncio.Redis, got {type(redis).__name__}; "
+                "use Client.from_url('redis://...') to connect by URL"
+            )
+        self.prefix = check_prefix(prefix)
+        lease_s = check_lease(lease, "lease")
+        if lease_s is None or lease_s < 0.3:
+            raise InvalidArgumentError(
+                f"the Client's lease must be at least 0.3 seconds, got {lease!r}"
+            )
+        self.lease = lease_s
+        if notify not in _NOTIFY_MODES:
+            raise InvalidArgumentError(
+                f"notify must be one of {', '.join(map(repr, _NOTIFY_MODES))}, got {notify!r}"
+            )
+        self.notify: Notify = notify
+        self.command_timeout = check_seconds(command_timeout, "command_timeout", allow_zero=False)
+        if backoff is not None and not isinstance(backoff, Backoff):
+            raise InvalidArgumentTypeError(
+                f"backoff must be an aiolock.Backoff, got {type(backoff).__name__}"
+            )
+        self.backoff = backoff or Backoff()
+        self.id = secrets.token_hex(16)
+        self._redis = redis
+        self._owns_redis = False
+        self._scripts: dict[str, Script] = load_scripts()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self._started = False
+        self._background: set[asyncio.Task[Any]] = set()
+        # Per-primitive local state, keyed by the primitive's main key.
+        self._states: dict[str, Any] = {}
+        self._mux = CommandConnection(
+            self._new_connection,
+            command_timeout=self.command_timeout,
+            on_connect=self._preload,
+        )
+        # The watchdog's own lane: renewals never queue behind a burst of
+        # acquires and releases on the main connection (connected on first use).
+        self._renew_mux = CommandConnection(
+            self._new_connection,
+            command_timeout=self.command_timeout,
+            on_connect=self._preload,
+        )
+        self._listener = Listener(self._new_connection)
+        self._signals = SignalHub(self._new_connection)
+        # Tasks parked in Redis-side waits of primitives without a LocalQueue.
+        self._parked = 0
+        self._attempts = 0
+        self._watchdog = Watchdog(self, self.lease)
+        self._lease_ms = to_ms(self.lease)
+        self._retention_ms = to_ms(FENCE_RETENTION)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = "aiolock",
+        lease: float = 30.0,
+        notify: Notify = "pubsub",
+        command_timeout: float = 10.0,
+        backoff: Backoff | None = None,
+    ) -> Client:
+        """A Client with its own connections to ``url`` (``redis://``, ``rediss://``, ``unix://``)."""
+        if not isinstance(url, str) or not url:
+            raise InvalidArgumentTypeError(f"url must be a non-empty str, got {url!r}")
+        client = cls(
+            aioredis.Redis.from_url(url),
+            prefix=prefix,
+            lease=lease,
+            notify=notify,
+            command_timeout=command_timeout,
+            backoff=backoff,
+        )
+        client._owns_redis = True
+        return client
+
+    # -- primitives ------------------------------------------------------------------
+
+    def lock(self, name: str) -> AsyncLock:
+        """A reentrant distributed lock (see :class:`aiolock.AsyncLock`). Cheap: no I/O."""
+        return AsyncLock(self, name)
+
+    def fair_lock(self, name: str) -> FairLock:
+        """A reentrant lock granted in strict FIFO order across all Clients."""
+        from ._fair import FairLock
+
+        return FairLock(self, name)
+
+    def rw_lock(self, name: str) -> ReadWriteLock:
+        """A read-write lock: ``.read`` (shared) and ``.write`` (exclusive)."""
+        from ._rwlock import ReadWriteLock
+
+        return ReadWriteLock(self, name)
+
+    def semaphore(self, name: str, permits: int) -> Semaphore:
+        """At most ``permits`` holders at once; every permit is a lease."""
+        from ._semaphore import Semaphore
+
+        return Semaphore(self, name, permits)
+
+    def spin_lock(self, name: str, *, backoff: Backoff | None = None) -> SpinLock:
+        """The AsyncLock protocol without pub/sub: capped exponential backoff."""
+        from ._spin import SpinLock
+
+        return SpinLock(self, name, backoff=backoff)
+
+    def multi_lock(self, *locks: AsyncLock) -> MultiLock:
+        """All or nothing over several locks, taken in a fixed order."""
+        from ._multi import MultiLock
+
+        return MultiLock(self, *locks)
+
+    def latch(self, name: str, count: int) -> Latch:
+        """A distributed count-down latch."""
+        from ._latch import Latch
+
+        return Latch(self, name, count)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        self._enter()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _enter(self) -> asyncio.AbstractEventLoop:
+        """Check the Client is usable from here; start it on first use."""
+        if self._closed:
+            raise ClientClosedError("this aiolock Client was closed; create a new one")
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return loop
+        if self._loop is not None:
+            raise WrongEventLoopError(
+                "this aiolock Client is bound to another event loop; "
+                "create one Client per event loop"
+            )
+        self._loop = loop
+        self._listener.start()
+        self._watchdog.start()
+        self._started = True
+        return loop
+
+    def _check_usable(self) -> None:
+        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
+            raise WrongEventLoopError(
+                "this aiolock Client is bound to another event loop; "
+                "create one Client per event loop"
+            )
+
+    async def aclose(self) -> None:
+        """Close the Client. Idempotent. See the class docstring for what happens to holds."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
+            raise WrongEventLoopError("close the aiolock Client from the event loop it runs on")
+        for state in list(self._states.values()):
+            state.close()
+        holds = [h for state in list(self._states.values()) for h in state.holds()]
+        for hold in holds:
+            hold.mark_lost("the Client was closed")
+        if self._started:
+            releases = [
+                self._submit_script(h.release_script, h.release_keys, h.release_args) for h in holds
+            ]
+            if releases:
+                try:
+                    async with asyncio.timeout(min(self.command_timeout, 2.0)):
+                        await asyncio.gather(*releases, return_exceptions=True)
+                except TimeoutError:
+                    pass
+            if self._background:
+                await asyncio.wait(list(self._background), timeout=min(self.command_timeout, 2.0))
+                for task in list(self._background):
+                    task.cancel()
+            await self._watchdog.aclose()
+            await self._listener.aclose()
+            await self._signals.aclose()
+            await self._mux.drain(0.5)
+            await self._mux.aclose()
+            await self._renew_mux.aclose()
+        if self._owns_redis:
+            await self._redis.aclose()
+
+    # -- introspection -------------------------------------------------------------------
+
+    def statistics(self) -> ClientStatistics:
+        holds = sum(len(state.holds()) for state in self._states.values())
+        waiting = self._parked + sum(state.waiting() for state in self._states.values())
+        return ClientStatistics(
+            holds=holds,
+            waiting=waiting,
+            subscriptions=self._listener.active + self._signals.active,
+            watched=len(self._watchdog),
+            in_flight=self._mux.in_flight + self._renew_mux.in_flight,
+            background=len(self._background),
+            command_connects=self._mux.connects,
+            pubsub_connects=self._listener.connects,
+        )
+
+    def __repr__(self) -> str:
+        if self._closed:
+            return f"<aiolock.Client {self.id[:8]} closed>"
+        s = self.statistics()
+        return (
+            f"<aiolock.Client {self.id[:8]} prefix={self.prefix!r} lease={self.lease:g}s "
+            f"holds={s.holds} waiting={s.waiting} subscriptions={s.subscriptions}>"
+        )
+
+    # -- plumbing used by the primitives ----------------------------------------------------
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}:{{{name}}}"
+
+    def owner(self, task: asyncio.Task[Any]) -> str:
+        return f"{self.id}:{task_serial(task)}"
+
+    def _attempt_id(self) -> int:
+        """A number unique per acquisition attempt of this Client (see acquire.lua)."""
+        self._attempts += 1
+        return self._attempts
+
+    def _new_connection(self) -> AbstractConnection:
+        pool = self._redis.connection_pool
+        kwargs = dict(pool.connection_kwargs)
+        # aiolock's own connections: raw bytes, RESP2, no socket read timeout
+        # (liveness is checked per command), never retried behind our back.
+        kwargs.update(
+            socket_timeout=None,
+            decode_responses=False,
+            protocol=2,
+            retry=None,
+            client_name=f"aiolock:{self.id[:12]}",
+        )
+        kwargs.pop("connection_pool", None)
+        conn: AbstractConnection = pool.connection_class(**kwargs)
+        return conn
+
+    def _preload(self) -> list[tuple[Any, ...]]:
+        return [(b"SCRIPT", b"LOAD", s.source) for s in self._scripts.values()]
+
+    def _submit_script(
+        self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...]
+    ) -> asyncio.Future[Any]:
+        script = self._scripts[name]
+        return self._mux.submit(b"EVALSHA", script.sha, len(keys), *keys, *args)
+
+    async def _eval(
+        self,
+        name: str,
+        keys: tuple[Any, ...],
+        args: tuple[Any, ...],
+        orphan: Any = None,
+        mux: CommandConnection | None = None,
+    ) -> Any:
+        """Run a script; reload it once on NOSCRIPT (safe: NOSCRIPT means it did not run)."""
+        script = self._scripts[name]
+        mux = mux or self._mux
+        try:
+            return await mux.call(b"EVALSHA", script.sha, len(keys), *keys, *args, orphan=orphan)
+        except NoScriptError:
+            await mux.call(b"SCRIPT", b"LOAD", script.source)
+            return await mux.call(b"EVALSHA", script.sha, len(keys), *keys, *args, orphan=orphan)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+        return task
+
+    def _background_done(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("aiolock background task failed: %r", task.exception())
+
+    def _run_callback(self, callback: LostCallback, lease: Lease) -> None:
+        try:
+            awaitable = call_lost_callback(callback, lease)
+        except Exception:
+            log.exception("aiolock: on_lost callback %r raised", callback)
+            return
+        if awaitable is not None:
+
+            async def run() -> None:
+                try:
+                    await awaitable  # type: ignore[misc]
+                except Exception:
+                    log.exception("aiolock: on_lost callback %r raised", callback)
+
+            self._spawn(run())
+
+    async def _retry(
+        self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...], attempts: int = 5
+    ) -> Any:
+        """Run an idempotent script, retrying transient errors with backoff."""
+        delay = 0.05
+        for attempt in range(attempts):
+            try:
+                return await self._eval(name, keys, args)
+            except _TRANSIENT:
+                if attempt == attempts - 1 or self._closed:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        raise AssertionError("unreachable")
+
+    # -- holds: release, extend, renew -------------------------------------------------
+
+    def _release_hold(self, hold: Hold) -> asyncio.Future[int]:
+        """Start releasing a hold in Redis; the returned future resolves with the
+        script's code (1 released, 2 already released, 0 not owned).
+
+        The release completes even if nobody awaits the future any more.
+        """
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[int] = loop.create_future()
+        outcome.add_done_callback(retrieve)
+        hold.releasing = outcome
+        script, keys, args = hold.release_script, hold.release_keys, hold.release_args
+        reply = self._submit_script(script, keys, args)
+
+        def done(reply: asyncio.Future[Any]) -> None:
+            if reply.cancelled() or reply.exception() is not None:
+                self._spawn(self._release_slowly(hold, outcome, script, keys, args))
+            else:
+                self._release_finished(hold, outcome, int(reply.result()))
+
+        reply.add_done_callback(done)
+        return outcome
+
+    async def _release_slowly(
+        self,
+        hold: Hold,
+        outcome: asyncio.Future[int],
+        script: str,
+        keys: tuple[Any, ...],
+        args: tuple[Any, ...],
+    ) -> None:
+        try:
+            code = int(await self._retry(script, keys, args))
+        except BaseException as exc:
+            # Give up: stop renewing, so the hold expires by itself within one lease.
+            hold.releasing = None
+            hold.mark_lost(f"release failed: {exc!r}")
+            if not outcome.done():
+                outcome.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        self._release_finished(hold, outcome, code)
+
+    def _release_finished(self, hold: Hold, outcome: asyncio.Future[int], code: int) -> None:
+        if code == 0 and not hold.lost:
+            hold.mark_lost("the hold was gone when released (expired or force-released)")
+        hold.detach()
+        if not outcome.done():
+            outcome.set_result(code)
+
+    async def _extend_hold(self, hold: Hold, seconds: float) -> None:
+        from ._errors import LockNotOwnedError
+
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        ms = to_ms(seconds)
+        reply = await self._retry(hold.renew_script, (hold.renew_key,), (ms, *hold.renew_args))
+        if int(reply[0]) != 1:
+            hold.mark_lost("the hold was gone when extended")
+            raise LockNotOwnedError(f"{hold.name!r}: the hold was gone when extended")
+        new_expiry = sent + seconds
+        if new_expiry > hold.expires_at:
+            hold.expires_at = new_expiry
+            if hold.timer is not None:
+                hold.timer.cancel()
+                hold.timer = loop.call_at(new_expiry, hold.mark_lost, "the fixed lease expired")
+
+    def _track(self, hold: Hold) -> None:
+        """Start keeping a new hold alive: the watchdog, or a timer for a fixed lease."""
+        if hold.watchdog:
+            self._watchdog.add(hold)
+        else:
+            hold.timer = asyncio.get_running_loop().call_at(
+                hold.expires_at, hold.mark_lost, "the fixed lease expired"
+            )
+
+    def _waiter(self, channel: bytes, signal: str) -> Waiter:
+        """A registration for a waiting task, by this Client's notify mode."""
+        if self.notify == "pubsub":
+            return PubSubWaiter(self._listener, channel)
+        if self.notify == "list":
+            return ListWaiter(self._signals, signal.encode())
+        return PollWaiter(self.backoff)
+
+    def _renew_batch(self, script: str, items: list[Any], lease: float) -> asyncio.Future[Any]:
+        keys = tuple(item.renew_key for item in items)
+        args: list[Any] = [to_ms(lease)]
+        for item in items:
+            args.extend(item.renew_args)
+        return asyncio.ensure_future(self._eval(script, keys, tuple(args), mux=self._renew_mux))

@@ -1,0 +1,371 @@
+"""One multiplexed command connection shared by every task of a Client.
+
+Commands are written synchronously, in the order they are submitted, and a
+single reader task resolves one future per reply, in the same order. So:
+
+* thousands of tasks share one connection: no pool to exhaust, and commands
+  from many tasks are pipelined for free;
+* no await sits between "the command is on the wire" and "its future is
+  queued": a task cancelled while waiting for its reply leaves the
+  connection in sync. The reply is still read and handed to the caller's
+  ``orphan`` callback, which undoes what the command did if that matters (an
+  acquire that succeeded after its caller gave up);
+* redis-py's command retries and its ``asyncio.wait_for`` socket timeouts are
+  never on this path (we use its Connection for the handshake and the
+  parser only), so a script is never re-sent behind our back and a
+  cancellation is never swallowed;
+* a connection that stops answering (a paused server, a black-holed network)
+  is detected: if no reply arrives for ``command_timeout`` seconds while
+  commands are pending, it is closed and every pending command fails with a
+  ``redis.exceptions.ConnectionError``. The next command reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+
+try:  # part of redis[hiredis]; without it, redis-py's parser in a reader task
+    import hiredis
+except ImportError:  # pragma: no cover
+    hiredis = None  # type: ignore[assignment]
+
+__all__ = ["CommandConnection", "ConnectionFactory", "Orphan"]
+
+#: Builds a new, unconnected redis-py connection with aiolock's settings.
+ConnectionFactory = Callable[[], AbstractConnection]
+#: Receives the reply (or the error) of a command whose caller stopped waiting.
+Orphan = Callable[[Any, BaseException | None], None]
+
+
+def writer_of(conn: AbstractConnection) -> asyncio.StreamWriter:
+    """The connected stream writer of a redis-py connection (a private attribute)."""
+    writer = getattr(conn, "_writer", None)
+    if not isinstance(writer, asyncio.StreamWriter):
+        raise RedisConnectionError("connection is not connected")
+    return writer
+
+
+class CommandConnection:
+    """A lazily connected, pipelined, cancellation-safe command connection."""
+
+    def __init__(
+        self,
+        factory: ConnectionFactory,
+        *,
+        command_timeout: float,
+        on_connect: Callable[[], Iterable[tuple[Any, ...]]] = tuple,
+    ) -> None:
+        self._factory = factory
+        self._command_timeout = command_timeout
+        self._on_connect = on_connect
+        self._conn: AbstractConnection | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        # Futures of commands on the wire, in send order, with their orphan handlers.
+        self._pending: deque[tuple[asyncio.Future[Any], Orphan | None]] = deque()
+        # Commands submitted while (re)connecting, sent once connected.
+        self._backlog: list[tuple[tuple[Any, ...], asyncio.Future[Any], Orphan | None]] = []
+        self._connect_task: asyncio.Task[None] | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._replies = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+        self._closers: set[asyncio.Task[None]] = set()
+        self._protocol: _ReplyProtocol | None = None
+        self.connects = 0
+
+    # -- submitting -----------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending) + len(self._backlog)
+
+    def submit(self, *args: Any, orphan: Orphan | None = None) -> asyncio.Future[Any]:
+        """Send a command now (or as soon as connected) and return its reply future.
+
+        If the future is cancelled before the reply arrives, ``orphan`` is
+        called exactly once with ``(reply, None)`` or ``(None, error)``.
+        """
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        if self._closed:
+            fut.set_exception(RedisConnectionError("aiolock command connection is closed"))
+            return fut
+        if self._writer is None:
+            self._backlog.append((args, fut, orphan))
+            if self._connect_task is None:
+                self._connect_task = loop.create_task(self._connect(), name="aiolock-connect")
+            return fut
+        self._write(args)
+        self._queued(fut, orphan)
+        return fut
+
+    def _write(self, args: tuple[Any, ...]) -> None:
+        if self._protocol is not None:
+            self._protocol.transport.write(pack(args))
+        else:
+            assert self._conn is not None and self._writer is not None
+            self._writer.writelines(self._conn.pack_command(*args))
+
+    async def call(self, *args: Any, orphan: Orphan | None = None) -> Any:
+        """Submit a command and wait for its reply (see :meth:`submit` for ``orphan``)."""
+        fut = self.submit(*args, orphan=orphan)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            # The reply may have arrived in the same loop iteration as the
+            # cancellation: then the reader did not see a cancelled future.
+            if orphan is not None and fut.done() and not fut.cancelled():
+                exc = fut.exception()
+                orphan(None if exc is not None else fut.result(), exc)
+            raise
+
+    def _queued(self, fut: asyncio.Future[Any], orphan: Orphan | None) -> None:
+        self._pending.append((fut, orphan))
+        if self._timer is None:
+            self._arm_timer()
+
+    # -- liveness ---------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self._command_timeout, self._check_alive, self._replies)
+
+    def _check_alive(self, replies_at_arm: int) -> None:
+        self._timer = None
+        if not self._pending:
+            return
+        if self._replies == replies_at_arm:
+            # Nothing came back for a whole command_timeout: the server or the
+            # network is gone. Fail everything pending; the next call reconnects.
+            self._drop(
+                RedisConnectionError(
+                    f"no reply from Redis for {self._command_timeout:g} s; connection closed"
+                )
+            )
+            return
+        self._arm_timer()
+
+    # -- connecting and reading -------------------------------------------------
+
+    async def _connect(self) -> None:
+        conn: AbstractConnection | None = None
+        try:
+            conn = self._factory()
+            # The handshake (HELLO, AUTH, SELECT...) may hang on a paused server.
+            async with asyncio.timeout(self._command_timeout):
+                await conn.connect()  # type: ignore[no-untyped-call]
+            writer = writer_of(conn)
+        except BaseException as exc:
+            if isinstance(exc, TimeoutError):
+                exc = RedisConnectionError(
+                    f"could not connect to Redis within {self._command_timeout:g} s"
+                )
+            self._connect_task = None
+            backlog, self._backlog = self._backlog, []
+            error = exc if isinstance(exc, Exception) else RedisConnectionError(repr(exc))
+            for _, fut, orphan in backlog:
+                _fail(fut, orphan, error)
+            if conn is not None:
+                await conn.disconnect(nowait=True)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._connect_task = None
+        if self._closed:
+            await conn.disconnect(nowait=True)
+            return
+        self._conn = conn
+        self._writer = writer
+        self.connects += 1
+        if hiredis is not None:
+            # redis-py did the handshake (AUTH, SELECT, TLS...); from here on
+            # our protocol parses replies as they arrive and resolves the
+            # callers' futures at once: no reader task, one loop turn less.
+            self._protocol = _ReplyProtocol(self, conn, writer.transport)
+            writer.transport.set_protocol(self._protocol)
+        else:  # pragma: no cover
+            self._reader_task = asyncio.get_running_loop().create_task(
+                self._read(conn), name="aiolock-reader"
+            )
+        # Session set-up first (script loads), then whatever queued meanwhile.
+        for args in self._on_connect():
+            self._write(args)
+            unawaited: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            unawaited.cancel()  # nobody waits: its reply goes to _ignore
+            self._queued(unawaited, _ignore)
+        backlog, self._backlog = self._backlog, []
+        for args, fut, orphan in backlog:
+            if fut.cancelled():
+                continue  # its caller gave up before it was ever sent
+            self._write(args)
+            self._queued(fut, orphan)
+
+    def _deliver(self, reply: Any, error: BaseException | None) -> None:
+        """Hand one reply to the oldest pending command."""
+        self._replies += 1
+        fut, orphan = self._pending.popleft()
+        if fut.cancelled():
+            if orphan is not None:
+                orphan(reply, error)
+        elif error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(reply)
+
+    async def _read(self, conn: AbstractConnection) -> None:  # pragma: no cover
+        try:
+            while True:
+                error: BaseException | None = None
+                reply: Any = None
+                try:
+                    reply = await conn.read_response(timeout=math.inf)
+                except ResponseError as exc:
+                    error = exc
+                self._deliver(reply, error)
+        except asyncio.CancelledError:
+            self._drop(RedisConnectionError("aiolock command connection is closed"), conn)
+            raise
+        except Exception as exc:
+            self._drop(
+                exc if isinstance(exc, RedisConnectionError) else RedisConnectionError(str(exc)),
+                conn,
+            )
+
+    def _drop(self, error: BaseException, conn: AbstractConnection | None = None) -> None:
+        """Forget the current connection and fail every command pending on it."""
+        if conn is not None and conn is not self._conn:
+            return
+        conn = self._conn
+        self._conn = None
+        self._writer = None
+        protocol, self._protocol = self._protocol, None
+        if protocol is not None:
+            protocol.transport.abort()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending, self._pending = self._pending, deque()
+        for fut, orphan in pending:
+            _fail(fut, orphan, error)
+        reader = self._reader_task
+        self._reader_task = None
+        if reader is not None and reader is not asyncio.current_task():
+            reader.cancel()
+        if conn is not None:
+            writer = getattr(conn, "_writer", None)
+            if isinstance(writer, asyncio.StreamWriter):
+                writer.transport.abort()
+            task = asyncio.get_running_loop().create_task(conn.disconnect(nowait=True))
+            self._closers.add(task)
+            task.add_done_callback(self._closers.discard)
+
+    async def drain(self, seconds: float) -> None:
+        """Wait until every command submitted so far is answered, at most ``seconds``."""
+        futures = [fut for fut, _ in self._pending] + [fut for _, fut, _ in self._backlog]
+        if futures:
+            await asyncio.wait(futures, timeout=seconds)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._connect_task is not None:
+            self._connect_task.cancel()
+            try:
+                await self._connect_task
+            except BaseException:
+                pass
+        reader = self._reader_task
+        self._drop(RedisConnectionError("aiolock command connection is closed"))
+        if reader is not None:
+            try:
+                await reader
+            except BaseException:
+                pass
+        if self._closers:
+            await asyncio.gather(*self._closers, return_exceptions=True)
+
+
+def _ignore(reply: Any, error: BaseException | None) -> None:
+    return None
+
+
+def _fail(fut: asyncio.Future[Any], orphan: Orphan | None, error: BaseException) -> None:
+    if fut.cancelled():
+        if orphan is not None:
+            orphan(None, error)
+    elif not fut.done():
+        fut.set_exception(error)
+
+
+def pack(args: tuple[Any, ...]) -> bytes:
+    """RESP-encode one command (bytes, str, int and float arguments)."""
+    parts = [b"*%d\r\n" % len(args)]
+    append = parts.append
+    for arg in args:
+        kind = type(arg)
+        if kind is bytes:
+            data = arg
+        elif kind is str:
+            data = arg.encode()
+        elif kind is int:
+            data = b"%d" % arg
+        elif isinstance(arg, bytes | str | int | float) and not isinstance(arg, bool):
+            data = arg if isinstance(arg, bytes) else str(arg).encode()  # subclasses, floats
+        else:
+            raise TypeError(f"cannot send {type(arg).__name__} to Redis: {arg!r}")
+        append(b"$%d\r\n" % len(data))
+        append(data)
+        append(b"\r\n")
+    return b"".join(parts)
+
+
+def _error(reply: Exception) -> ResponseError:
+    message = str(reply)
+    if message.startswith("NOSCRIPT"):
+        return NoScriptError(message)
+    return ResponseError(message)
+
+
+class _ReplyProtocol(asyncio.Protocol):
+    """Parses replies with hiredis as bytes arrive; each resolves one future."""
+
+    def __init__(
+        self, owner: CommandConnection, conn: AbstractConnection, transport: asyncio.BaseTransport
+    ) -> None:
+        assert hiredis is not None
+        self._owner = owner
+        self._conn = conn
+        self.transport: asyncio.WriteTransport = transport  # type: ignore[assignment]
+        self._parser = hiredis.Reader()
+
+    def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        parser.feed(data)
+        owner = self._owner
+        while True:
+            try:
+                reply = parser.gets()
+            except Exception as exc:  # a protocol error: the stream is unusable
+                owner._drop(RedisConnectionError(f"bad reply from Redis: {exc}"), self._conn)
+                return
+            if reply is False:
+                return
+            if isinstance(reply, hiredis.ReplyError):
+                owner._deliver(None, _error(reply))
+            else:
+                owner._deliver(reply, None)
+
+    def eof_received(self) -> bool | None:
+        self._owner._drop(RedisConnectionError("Redis closed the connection"), self._conn)
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f"connection to Redis lost: {exc}" if exc else "connection to Redis closed"
+        self._owner._drop(RedisConnectionError(reason), self._conn)

@@ -1,0 +1,549 @@
+"""FairLock: a reentrant lock granted in strict FIFO order across every Client.
+
+How it works
+------------
+Every acquire call that has to wait gets its own entry in a queue in Redis,
+in the order the calls reached Redis (the tasks of one Client share one
+pipelined connection, so their order is the order they called ``acquire``).
+The entry names the call: a *waiter id* ``<client id>:<task>:<call>:<lease
+ms>:<grace ms>:<mode>`` (see ``scripts/_fair_queue.lua`` for the layout).
+
+* **Handoff.** A release hands the lock, inside its script, straight to the
+  first live entry (a new fencing token, the entry's lease) and sends one
+  message to that entry's Client only (``<prefix>:{<name>}:ch:<client id>``,
+  or that Client's signal list in ``"list"`` mode). The message names the
+  waiter, so the Client wakes that one task; it confirms with one more run
+  of the acquire script and installs the hold. Nothing else is woken: the
+  Redis work per handoff does not depend on the number of waiters.
+* **Liveness.** An entry is live while its Client's liveness record for the
+  name is: one record per (Client, name), refreshed by the acquire script
+  and by the Client's watchdog (one batched script call per round, whatever
+  the number of waiting tasks) every ``lease / 3``. So a waiter is never
+  dropped however long it waits, and the entries of a Client that died lapse
+  one lease after its last renewal and are skipped. A hold handed to a
+  waiter that died in between lasts ``min(its lease, its Client's lease)``
+  until it is confirmed: a crashed waiter delays the queue by at most one
+  lease. (The next Client in line is told when that handed hold would
+  expire, so it checks back then rather than at its own, possibly longer,
+  bound.)
+* **Leaving.** An acquire that gives up (cancelled, timed out, Client
+  closed, reply lost) takes its entry out at once, and passes the lock on if
+  it had been handed to it meanwhile (``fair_leave``, run in the background).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from ._errors import ClientClosedError
+from ._futures import expire, retrieve
+from ._lease import Hold, Lease
+from ._listener import WAKE_ALL, Channel
+from ._owner import task_serial
+from ._primitive import SingleHolder, _Entry, compete, current_task, ttl_hint
+from ._validate import to_ms
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = ["FairLock"]
+
+_MODES = {"pubsub": "p", "list": "l", "poll": "x"}
+#: Serial of acquire calls (part of the waiter id: one queue entry per call).
+_calls = itertools.count(1)
+
+
+class _Ticket:
+    """One waiting acquire call: its queue entry's id and how its task is woken.
+
+    It is the ``Waiter`` that ``compete`` parks on: ``wake()`` (the lock was
+    handed to this call, or the channel was resynchronised) ends the park at
+    once, or the next one if it is not parked now; ``nudge(s)`` only brings
+    the end of the park forward to ``s`` seconds from now.
+    """
+
+    __slots__ = (
+        "_fut",
+        "_permit",
+        "_polls",
+        "_recheck",
+        "_timer",
+        "_until",
+        "channel",
+        "queued",
+        "state",
+        "wid",
+    )
+
+    def __init__(self, state: _FairState, wid: str) -> None:
+        self.state = state
+        self.wid = wid
+        self.channel: Channel | None = None
+        # True once Redis answered that the call is in the queue.
+        self.queued = False
+        self._fut: asyncio.Future[bool] | None = None
+        self._permit = False
+        self._recheck: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._until: float | None = None
+        self._polls = 0
+
+    # -- driven by messages ----------------------------------------------------------------
+
+    def wake(self) -> None:
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_result(True)
+        else:
+            self._permit = True
+
+    def nudge(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        at = loop.time() + seconds
+        fut = self._fut
+        if fut is not None and not fut.done():
+            if self._until is None or at < self._until:
+                self._until = at
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer = loop.call_at(at, expire, fut)
+        elif self._recheck is None or at < self._recheck:
+            self._recheck = at
+
+    def fail(self, error: BaseException) -> None:
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_exception(error)
+
+    # -- the Waiter protocol (see _notify) ---------------------------------------------------
+
+    def register(self) -> _Ticket:
+        if self.channel is None:
+            self.channel = self.state.subscribe()
+        return self
+
+    async def ready(self, bound: float | None) -> None:
+        channel = self.channel
+        if channel is not None and self.state.client.notify == "pubsub":
+            await channel.confirmed(bound)
+
+    async def wait(self, timeout: float | None) -> bool:
+        if self._permit:
+            self._permit = False
+            return True
+        if self.state.closed:
+            raise ClientClosedError("the aiolock Client was closed while waiting")
+        loop = asyncio.get_running_loop()
+        client = self.state.client
+        if client.notify == "poll":  # no messages: capped exponential backoff
+            # ... and often enough to confirm a handoff well within its first TTL.
+            delay = min(client.backoff.delay(self._polls), client.lease / 3)
+            self._polls += 1
+            timeout = delay if timeout is None else min(timeout, delay)
+        until = None if timeout is None else loop.time() + max(timeout, 0.0)
+        recheck, self._recheck = self._recheck, None
+        if recheck is not None and (until is None or recheck < until):
+            until = recheck
+        fut: asyncio.Future[bool] = loop.create_future()
+        self._fut = fut
+        self._until = until
+        self._timer = loop.call_at(until, expire, fut) if until is not None else None
+        try:
+            return await fut
+        finally:
+            self._fut = None
+            self._until = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+    def close(self, *, linger: bool = False) -> None:
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            self.state.unsubscribe(channel)
+
+
+class _Liveness:
+    """The watchdog's item for one (Client, name): keeps all its queue entries alive."""
+
+    __slots__ = ("expires_at", "renew_args", "renew_key", "renew_script", "state")
+
+    def __init__(self, state: _FairState) -> None:
+        self.state = state
+        self.renew_script = "fair_live"
+        self.renew_key = state.queue_key
+        self.renew_args: tuple[Any, ...] = (state.client.id,)
+        self.expires_at = 0.0
+
+    def renewed(self, sent: float, lease: float) -> None:
+        self.expires_at = max(self.expires_at, sent + lease)
+
+    def gone(self, reason: str) -> None:
+        # The record lapsed (renewals failed for a whole lease): entries may have
+        # been dropped. Every waiter tries again, and queues up again if it must.
+        self.state.client._watchdog.remove(self)
+        for ticket in list(self.state.tickets.values()):
+            ticket.wake()
+
+
+class _FairState:
+    """One fair lock name in one Client: its local holds and waiting calls."""
+
+    __slots__ = (
+        "channel_name",
+        "client",
+        "closed",
+        "held",
+        "key",
+        "keys",
+        "live",
+        "queue_key",
+        "signal_key",
+        "tail",
+        "tickets",
+    )
+
+    def __init__(self, lock: FairLock) -> None:
+        client = lock._client
+        self.client = client
+        self.key = lock._state_key
+        self.keys = lock._keys
+        self.tail = lock._tail
+        self.queue_key = lock._queue_key
+        self.channel_name = f"{lock._key}:ch:{client.id}".encode()
+        self.signal_key = f"{lock._key}:sig:{client.id}".encode()
+        self.held: list[Hold] = []
+        self.tickets: dict[str, _Ticket] = {}
+        self.live = _Liveness(self)
+        self.closed = False
+
+    # -- the Client's interface -----------------------------------------------------------
+
+    def holds(self) -> list[Hold]:
+        return list(self.held)
+
+    def waiting(self) -> int:
+        """Calls queued in Redis (a call whose first try is still on the wire is not yet)."""
+        return sum(1 for ticket in self.tickets.values() if ticket.queued)
+
+    def close(self) -> None:
+        """The Client is closing: fail the waiting calls and take their entries out now."""
+        self.closed = True
+        client = self.client
+        client._watchdog.remove(self.live)
+        for ticket in list(self.tickets.values()):
+            ticket.fail(ClientClosedError("the aiolock Client was closed while waiting"))
+            args = (ticket.wid, client._retention_ms, *self.tail)
+            client._submit_script("fair_leave", self.keys, args).add_done_callback(retrieve)
+
+    # -- messages -------------------------------------------------------------------------
+
+    def dispatch(self, message: bytes) -> None:
+        """A message on this Client's channel (or list) of the name: see _fair_queue.lua."""
+        if message == WAKE_ALL:  # resynchronised: messages may have been missed
+            for each in list(self.tickets.values()):
+                each.wake()
+            return
+        wid, _, ms = message.partition(b" ")
+        ticket = self.tickets.get(wid.decode("ascii", "replace"))
+        if ticket is None:
+            return  # a call that has finished (its own retry confirmed, or it left)
+        if not ms:
+            ticket.wake()
+        elif ms.isdigit():
+            ticket.nudge(int(ms) / 1000.0)
+
+    def subscribe(self) -> Channel | None:
+        client = self.client
+        if client.notify == "pubsub":
+            channel = client._listener.register(self.channel_name)
+        elif client.notify == "list":
+            channel = client._signals.register(self.signal_key)
+        else:
+            return None
+        channel.handler = self.dispatch
+        return channel
+
+    def unsubscribe(self, channel: Channel) -> None:
+        if self.client.notify == "pubsub":
+            self.client._listener.unregister(channel)
+        else:
+            self.client._signals.unregister(channel)
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def add(self, wid: str) -> _Ticket:
+        ticket = self.tickets[wid] = _Ticket(self, wid)
+        return ticket
+
+    def remove(self, ticket: _Ticket) -> None:
+        self.tickets.pop(ticket.wid, None)
+        if not self.tickets:
+            self.client._watchdog.remove(self.live)
+            self.live.expires_at = 0.0
+        self._maybe_idle()
+
+    def keep_alive(self, sent: float) -> None:
+        """Redis refreshed this Client's liveness record: the watchdog keeps it up."""
+        if self.closed or not self.tickets:
+            return
+        live = self.live
+        live.expires_at = max(live.expires_at, sent + self.client.lease)
+        if live not in self.client._watchdog:
+            self.client._watchdog.add(live)
+
+    def hold_ended(self, hold: Hold) -> None:
+        try:
+            self.held.remove(hold)
+        except ValueError:
+            pass
+        self._maybe_idle()
+
+    def _maybe_idle(self) -> None:
+        if not self.held and not self.tickets and self.client._states.get(self.key) is self:
+            del self.client._states[self.key]
+
+
+class FairLock(SingleHolder):
+    """A reentrant distributed lock granted in strict FIFO order across all Clients.
+
+    * **Fairness:** strict FIFO per acquire call, across every Client and
+      process: calls that must wait are queued in Redis in the order they
+      reach it (one Client's tasks keep the order in which they called
+      ``acquire``), and the lock goes to them in that order. A free lock is
+      never taken past a live waiter, not even by ``try_acquire()``.
+    * **Who may release:** the task that acquired it, with ``release()``; or
+      anyone holding the returned :class:`Lease`, with ``lease.release()``.
+      A release hands the lock directly to the next live waiter and wakes
+      only that waiter's Client.
+    * **Reentrant** per asyncio Task: the holder may acquire again (no round
+      trip, no queueing) and must release as many times; a re-entry returns
+      the holder's fencing token.
+    * **Waiters and crashes:** a waiting Client keeps its queue entries alive
+      (its watchdog renews them), so a live waiter is never dropped however
+      long it waits, while the entries of a Client that died are skipped one
+      lease after its last renewal; a hold handed to a waiter that died lasts
+      at most one lease (``min(its lease, its Client's lease)``) unconfirmed.
+    * **Lease expiry:** as :class:`AsyncLock`: without ``lease=`` the watchdog
+      renews the hold; with ``lease=`` it simply expires. A hold that ends
+      without a release is *lost*: ``lease.lost``, ``on_lost`` callbacks, and
+      inside ``async with`` the body is cancelled and LockLostError raised
+      (unless ``on_lost="ignore"``). The lock then goes to the next waiter.
+    * **Cancellation:** an acquire cancelled at any await (even after Redis
+      queued it or handed it the lock, before the reply was read) leaves the
+      queue at once and passes on a lock handed to it; a cancelled release
+      still completes; ``async with`` releases when its body raised or was
+      cancelled. A timeout is a cancellation too: the call leaves the queue.
+    * **Fencing:** every fresh acquisition, handoffs included, gets a token
+      strictly greater than every token issued before for this name.
+
+    Keys: ``<prefix>:{<name>}`` (the hold, as for :class:`AsyncLock`, so a
+    fair lock and a lock of the same name exclude each other; but a plain
+    lock does not queue, so mixing them forfeits fairness),
+    ``<prefix>:{<name>}:fence`` and ``<prefix>:{<name>}:q`` (the queue).
+    """
+
+    __slots__ = ("_entry_map", "_fence_key", "_keys", "_queue_key", "_state_key", "_tail")
+
+    _kind = "fair lock"
+    _owned_script = "fair_owned"
+
+    def _owned_args(self, hold: Hold) -> tuple[Any, ...]:
+        return (hold.owner, hold.token)
+
+    def __init__(self, client: Client, name: str) -> None:
+        super().__init__(client, name)
+        self._fence_key = f"{self._key}:fence"
+        self._queue_key = f"{self._key}:q"
+        self._keys = (self._key, self._fence_key, self._queue_key)
+        # Prefixes of the per-Client channels and signal lists (ARGV of the scripts).
+        self._tail = (f"{self._key}:ch:", f"{self._key}:sig:")
+        self._state_key = f"{self._key}:fair"
+        self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
+
+    def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
+        return self._entry_map
+
+    def _state(self) -> _FairState:
+        states = self._client._states
+        state: _FairState | None = states.get(self._state_key)
+        if state is None:
+            state = states[self._state_key] = _FairState(self)
+        return state
+
+    # -- acquire -----------------------------------------------------------------------
+
+    async def _acquire(self, timeout: float | None, lease: float | None) -> Lease:
+        client = self._client
+        loop = client._enter()
+        task = current_task()
+        state = self._state()
+        hold = self._hold_of(state, task)
+        if hold is not None:
+            if hold.releasing is None:
+                return hold.new_lease()
+            # A release of ours is still on its way (its caller was cancelled):
+            # let it finish, then queue up like anyone else.
+            try:
+                await asyncio.shield(hold.releasing)
+            except Exception:
+                pass
+            state = self._state()
+        deadline = None if timeout is None else loop.time() + timeout
+        lease_s = client.lease if lease is None else lease
+        lease_ms = to_ms(lease_s)
+        wid = (
+            f"{client.id}:{task_serial(task)}:{next(_calls)}:{lease_ms}:{client._lease_ms}:"
+            f"{_MODES[client.notify]}"
+        )
+        ticket = state.add(wid)
+        keys = self._keys
+        leave = functools.partial(_leave, client, keys, (wid, client._retention_ms, *self._tail))
+        queued = False
+
+        async def attempt() -> tuple[int | None, float | None]:
+            nonlocal queued
+            join = deadline is None or loop.time() < deadline
+            sent = loop.time()
+            args = (
+                wid,
+                lease_ms,
+                client._lease_ms,
+                client._retention_ms,
+                1 if join else 0,
+                *self._tail,
+            )
+            reply = await client._eval("fair_acquire", keys, args, leave)
+            if int(reply[0]) == 1:
+                queued = ticket.queued = False
+                return int(reply[1]), None
+            queued = ticket.queued = join
+            if join:
+                state.keep_alive(sent)
+            ttl = int(reply[1])
+            return None, ttl_hint(ttl)
+
+        try:
+            token, sent = await compete(
+                client,
+                what=f"fair lock {self.name!r}",
+                deadline=deadline,
+                attempt=attempt,
+                waiter=ticket.register,
+                abandon=lambda: leave(None, RedisConnectionError("acquire abandoned")),
+            )
+            if client._closed:  # granted, but close() already sent our leave
+                raise ClientClosedError("the aiolock Client was closed while waiting")
+        except BaseException:
+            state.remove(ticket)
+            if queued and not client._closed:
+                leave(None, None)  # at once, in the background (a cancelled task can't wait)
+            raise
+        hold = self._install(state, task, wid, token, lease, lease_s, sent)
+        state.remove(ticket)
+        return hold.new_lease()
+
+    def _install(
+        self,
+        state: _FairState,
+        task: asyncio.Task[Any],
+        wid: str,
+        token: int,
+        lease: float | None,
+        lease_s: float,
+        sent: float,
+    ) -> Hold:
+        client = self._client
+        hold = Hold(
+            client,
+            self.name,
+            wid,
+            token,
+            task,
+            lease_s,
+            watchdog=lease is None,
+            expires_at=sent + lease_s,
+            release=(
+                "fair_release",
+                self._keys,
+                (wid, token, client._retention_ms, *self._tail),
+            ),
+            renew=("fair_renew", self._key, (wid, token)),
+        )
+        hold.on_detach = state.hold_ended
+        state.held.append(hold)
+        client._track(hold)
+        return hold
+
+    # -- release -------------------------------------------------------------------------
+
+    @staticmethod
+    def _hold_of(state: _FairState | None, task: asyncio.Task[Any] | None) -> Hold | None:
+        if state is None:
+            return None
+        for hold in state.held:
+            if hold.task is task:
+                return hold
+        return None
+
+    def _my_hold(self) -> Hold | None:
+        state: _FairState | None = self._client._states.get(self._state_key)
+        return self._hold_of(state, asyncio.current_task())
+
+    # -- queries ----------------------------------------------------------------------------
+
+    async def queue_length(self) -> int:
+        """How many acquire calls are queued in Redis (any Client), one round trip.
+
+        Entries of a crashed Client count until they are skipped (at most one
+        lease after its last renewal, when they reach the head).
+        """
+        self._client._enter()
+        return int(await self._client._mux.call(b"ZCOUNT", self._queue_key, 1, "+inf"))
+
+    async def force_release(self) -> bool:
+        """Delete the lock whoever holds it (True if it was held); the next waiter gets it.
+
+        The evicted holder's lease is lost (at once if it is in this Client,
+        at its watchdog's next renewal otherwise). Fencing tokens keep increasing.
+        """
+        client = self._client
+        client._enter()
+        deleted = int(
+            await client._eval(
+                "fair_force_release", self._keys, (client._retention_ms, *self._tail)
+            )
+        )
+        state: _FairState | None = client._states.get(self._state_key)
+        if state is not None:
+            for hold in list(state.held):
+                hold.mark_lost("force-released")
+        return deleted == 1
+
+    def __repr__(self) -> str:
+        state: _FairState | None = self._client._states.get(self._state_key)
+        if state is None:
+            return f"<FairLock {self.name!r} not held here>"
+        loop = self._client._loop
+        loop_time = loop.time() if loop is not None else 0.0
+        held = "; ".join(h.describe(loop_time) for h in state.held) or "not held here"
+        return f"<FairLock {held}, {state.waiting()} waiting here>"
+
+
+def _leave(
+    client: Client,
+    keys: tuple[str, ...],
+    args: tuple[Any, ...],
+    reply: Any,
+    error: BaseException | None,
+) -> None:
+    """An acquire call gave up (or its reply was lost): leave the queue, pass a handed lock on."""
+    if isinstance(error, ResponseError):
+        return  # the script failed: it changed nothing
+    client._spawn(client._retry("fair_leave", keys, args))

@@ -1,0 +1,301 @@
+"""Holds and leases.
+
+A *hold* is one task's (or one handoff's) ownership of one lock in Redis: its
+owner id, its fencing token, its expiry. A *Lease* is what one ``acquire``
+returns: a re-entrant acquire returns a new Lease on the same hold, so every
+acquire is matched by exactly one release, and releasing a Lease twice is a
+no-op rather than a second decrement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ._errors import LockNotOwnedError
+from ._validate import check_seconds
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = ["Hold", "Lease", "LostCallback"]
+
+log = logging.getLogger("aiolock")
+
+#: Called with the Lease when it is lost. May return an awaitable, which is run as a task.
+LostCallback = Callable[["Lease"], object]
+
+
+class _Canceller(Protocol):
+    def lease_lost(self, hold: Hold) -> None: ...
+
+
+class Hold:
+    """One ownership of one lock in Redis (shared by the Leases of its re-entries)."""
+
+    __slots__ = (
+        "__weakref__",
+        "callbacks",
+        "client",
+        "contexts",
+        "expires_at",
+        "lease",
+        "leases",
+        "lost_reason",
+        "name",
+        "on_detach",
+        "on_release",
+        "owner",
+        "release_args",
+        "release_keys",
+        "release_script",
+        "releasing",
+        "renew_args",
+        "renew_key",
+        "renew_script",
+        "reserve",
+        "task",
+        "timer",
+        "token",
+        "watchdog",
+    )
+
+    def __init__(
+        self,
+        client: Client,
+        name: str,
+        owner: str,
+        token: int,
+        task: asyncio.Task[Any] | None,
+        lease: float,
+        watchdog: bool,
+        expires_at: float,
+        *,
+        release: tuple[str, tuple[Any, ...], tuple[Any, ...]],
+        renew: tuple[str, str, tuple[Any, ...]],
+    ) -> None:
+        self.client = client
+        self.name = name
+        self.owner = owner
+        self.token = token
+        self.task = task
+        self.lease = lease
+        self.watchdog = watchdog
+        self.expires_at = expires_at
+        # How to release it: a script returning 1 (released), 2 (already
+        # released by this very hold: a retry) or 0 (not held any more).
+        self.release_script, self.release_keys, self.release_args = release
+        # How to renew it: a batch script taking KEYS[i] = renew_key and, after
+        # ARGV[1] = lease ms, this hold's renew_args; it answers 1 or 0 per hold.
+        self.renew_script, self.renew_key, self.renew_args = renew
+        # Fencing tokens after this one that this Client reserved in Redis and
+        # may hand to its next local holders without a round trip.
+        self.reserve = 0
+        self.leases: list[Lease] = []
+        self.lost_reason: str | None = None
+        self.callbacks: list[LostCallback] = []
+        self.contexts: list[_Canceller] = []
+        self.releasing: asyncio.Future[int] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        # Called once when the hold ends (released or lost): frees the local gate.
+        self.on_detach: Callable[[Hold], None] | None = None
+        # Starts the release in Redis (default: Client._release_hold); the
+        # future resolves with the script's code (1, 2: released; 0: gone).
+        self.on_release: Callable[[Hold], asyncio.Future[int]] | None = None
+
+    # -- the watchdog's interface ---------------------------------------------------------
+
+    def renewed(self, sent: float, lease: float) -> None:
+        self.expires_at = max(self.expires_at, sent + lease)
+
+    def gone(self, reason: str) -> None:
+        self.mark_lost(reason)
+
+    @property
+    def lost(self) -> bool:
+        return self.lost_reason is not None
+
+    @property
+    def count(self) -> int:
+        return len(self.leases)
+
+    def new_lease(self) -> Lease:
+        lease = Lease(self)
+        self.leases.append(lease)
+        return lease
+
+    def detach(self) -> None:
+        """The hold ended: stop renewing it and free the local gate (once)."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.client._watchdog.remove(self)
+        on_detach, self.on_detach = self.on_detach, None
+        if on_detach is not None:
+            on_detach(self)
+
+    def mark_lost(self, reason: str) -> None:
+        """The hold is gone: flag it, free the gate, run callbacks, cancel bodies."""
+        if self.lost_reason is not None:
+            return
+        self.lost_reason = reason
+        self.detach()
+        for context in list(self.contexts):
+            context.lease_lost(self)
+        lease = self.leases[-1] if self.leases else Lease(self)
+        for callback in self.callbacks:
+            self.client._run_callback(callback, lease)
+
+    def describe(self, loop_time: float) -> str:
+        left = self.expires_at - loop_time
+        state = f"lost ({self.lost_reason})" if self.lost else f"lease {left:.1f} s left"
+        return f"{self.name!r} held by {self.owner} x{self.count}, token {self.token}, {state}"
+
+
+class Lease:
+    """Proof of one acquisition, returned by ``acquire``.
+
+    * ``name`` and ``fencing_token``: pass the token to the resource you
+      protect, and have it reject tokens older than the newest it has seen.
+      A re-entry returns the holder's token.
+    * ``lost``: True once the watchdog found the hold gone or could not renew
+      it in time, or a fixed lease ran out. Callbacks registered with
+      :meth:`on_lost` run then.
+    * ``release()`` works from any task (a handoff) and is idempotent: a second
+      call, or a retry after a cancelled call, never releases twice.
+    """
+
+    __slots__ = ("_hold", "_released")
+
+    def __init__(self, hold: Hold) -> None:
+        self._hold = hold
+        self._released = False
+
+    @property
+    def name(self) -> str:
+        return self._hold.name
+
+    @property
+    def fencing_token(self) -> int:
+        return self._hold.token
+
+    @property
+    def lost(self) -> bool:
+        return self._hold.lost
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the lease was lost (None while it is not)."""
+        return self._hold.lost_reason
+
+    def _watch(self, context: _Canceller) -> None:
+        """Tell ``context`` (an ``async with``) if this lease is lost."""
+        self._hold.contexts.append(context)
+        if self._hold.lost:
+            context.lease_lost(self._hold)
+
+    def _unwatch(self, context: _Canceller) -> None:
+        try:
+            self._hold.contexts.remove(context)
+        except ValueError:
+            pass
+
+    def on_lost(self, callback: LostCallback) -> None:
+        """Call ``callback(lease)`` when the lease is lost (at once, soon, if it already is).
+
+        A callback may be a coroutine function; it then runs as a task of the
+        Client. Exceptions from callbacks are logged, never raised here.
+        """
+        if not callable(callback):
+            raise TypeError(f"on_lost() takes a callable, got {type(callback).__name__}")
+        hold = self._hold
+        if hold.lost:
+            asyncio.get_running_loop().call_soon(hold.client._run_callback, callback, self)
+        else:
+            hold.callbacks.append(callback)
+
+    async def release(self) -> None:
+        """Release this acquisition.
+
+        The lock is freed in Redis when the last Lease of the hold is
+        released. Raises LockNotOwnedError if the lease was lost (the hold is
+        forgotten locally all the same). If the calling task is cancelled
+        while the release is on the wire, the release still completes.
+        """
+        outcome = self._begin_release()
+        if outcome is not None:
+            self._check_outcome(await asyncio.shield(outcome))
+
+    def _begin_release(self) -> asyncio.Future[int] | None:
+        """Start the release without awaiting: the I/O, if any, is under way on
+        return, so it completes whatever happens to the caller. Returns the
+        future of the script's code, or None if there was nothing to send."""
+        if self._released:
+            return None
+        hold = self._hold
+        hold.client._check_usable()
+        if len(hold.leases) > 1 or hold.lost:
+            self._mark_released()
+            if hold.lost:
+                raise LockNotOwnedError(
+                    f"{hold.name!r}: the lease was lost ({hold.lost_reason}); nothing to release"
+                )
+            return None
+        outcome = hold.releasing
+        if outcome is None:
+            start = hold.on_release or hold.client._release_hold
+            outcome = start(hold)
+            outcome.add_done_callback(self._released_in_redis)
+        return outcome
+
+    def _released_in_redis(self, outcome: asyncio.Future[int]) -> None:
+        if not outcome.cancelled() and outcome.exception() is None:
+            self._mark_released()
+
+    def _mark_released(self) -> None:
+        if not self._released:
+            self._released = True
+            try:
+                self._hold.leases.remove(self)
+            except ValueError:
+                pass
+
+    def _check_outcome(self, code: int) -> None:
+        self._mark_released()
+        if code == 0:
+            hold = self._hold
+            raise LockNotOwnedError(
+                f"{hold.name!r}: the hold was gone when released "
+                f"({hold.lost_reason or 'expired or force-released'})"
+            )
+
+    async def extend(self, seconds: float) -> None:
+        """Make the hold last at least ``seconds`` from now (never shortens it).
+
+        For a fixed lease this moves its expiry; for a watchdog lease it only
+        matters if the watchdog is late. Raises LockNotOwnedError if the hold is gone.
+        """
+        value = check_seconds(seconds, "extend seconds", allow_zero=False)
+        hold = self._hold
+        if self._released:
+            raise LockNotOwnedError(f"lock {hold.name!r}: this lease was released")
+        if hold.lost:
+            raise LockNotOwnedError(f"lock {hold.name!r}: the lease was lost ({hold.lost_reason})")
+        await hold.client._extend_hold(hold, value)
+
+    def __repr__(self) -> str:
+        hold = self._hold
+        state = "released" if self._released else ("lost" if hold.lost else "held")
+        return f"<Lease {hold.name!r} token={hold.token} {state}>"
+
+
+def call_lost_callback(callback: LostCallback, lease: Lease) -> object:
+    result = callback(lease)
+    return result if inspect.isawaitable(result) else None

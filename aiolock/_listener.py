@@ -1,0 +1,416 @@
+"""The Client's one pub/sub listener and the wait queue every primitive parks on.
+
+Why one queue type
+------------------
+Every waiting primitive (lock, fair lock, semaphore, latch, ...) waits the
+same way: it registers interest in its channel, tries, and if that failed it
+parks on the channel until a message (or the holder's TTL) says "try again".
+So fairness, wake-up policy and cancellation live in one class, `Channel`, and
+the primitives only decide *when* to park and *what* to try.
+
+A `Channel` is reference counted: the listener subscribes when the first
+waiter registers and unsubscribes after the last one leaves. One dedicated
+connection carries every channel of the Client, whatever the number of waiting
+tasks. A waiter must `await channel.confirmed(...)` before its retry attempt,
+so a release that happens between "try" and "subscribe" is never missed.
+
+Wake-ups are permits, not edges: a message that arrives while no waiter is
+parked (it is busy retrying) is kept, and the next `wait()` returns at once.
+A message "1" wakes one waiter, "*" wakes all, a number n wakes n. A woken waiter that is
+cancelled before it ran passes its wake-up on. Lost messages cost at most one
+wait bound (the holder's TTL), never a hang: every `wait()` has a timeout.
+
+When the connection drops (or stops answering pings) the listener reconnects
+with capped exponential backoff, resubscribes every channel, and wakes every
+waiter once its channel is confirmed again, since messages may have been
+missed in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+from collections import deque
+from collections.abc import Callable
+
+from redis.asyncio.connection import AbstractConnection
+
+from ._connection import ConnectionFactory, writer_of
+from ._errors import ClientClosedError
+from ._futures import expire
+
+__all__ = ["WAKE_ALL", "WAKE_ONE", "Channel", "Listener"]
+
+log = logging.getLogger("aiolock")
+
+WAKE_ONE = b"1"
+WAKE_ALL = b"*"
+
+
+class Channel:
+    """A reference-counted subscription and the local tasks parked on it."""
+
+    __slots__ = (
+        "_confirmed",
+        "_live",
+        "_permits",
+        "_waiters",
+        "closed",
+        "handler",
+        "name",
+        "refs",
+        "resync",
+    )
+
+    def __init__(self, name: bytes) -> None:
+        self.name = name
+        self.refs = 0
+        self._confirmed: asyncio.Event | None = None
+        # Parked waiters, FIFO. One that timed out or was cancelled stays,
+        # dead (done), until a wake-up reaches it or a compaction drops it:
+        # O(1) per waiter that gives up, even with 100,000 parked at once.
+        self._waiters: deque[asyncio.Future[bool]] = deque()
+        self._live = 0  # waiters parked right now
+        self._permits = 0
+        self.closed = False
+        self.resync = False
+        # If set, messages go to it instead of waking parked waiters (see above).
+        self.handler: Callable[[bytes], None] | None = None
+
+    # -- subscription state (driven by the Listener) ---------------------------
+
+    def _confirm_event(self) -> asyncio.Event:
+        if self._confirmed is None:
+            self._confirmed = asyncio.Event()
+        return self._confirmed
+
+    @property
+    def is_confirmed(self) -> bool:
+        return self._confirmed is not None and self._confirmed.is_set()
+
+    def set_confirmed(self, value: bool) -> None:
+        event = self._confirm_event()
+        if value:
+            event.set()
+        else:
+            event.clear()
+
+    async def confirmed(self, timeout: float | None) -> bool:
+        """Wait until the server confirmed the subscription (at most ``timeout`` s).
+
+        Returns False on timeout: the caller goes on with TTL-bounded retries.
+        """
+        event = self._confirm_event()
+        if event.is_set():
+            return True
+        if self.closed:
+            raise ClientClosedError("the aiolock Client was closed while waiting")
+        if timeout is not None and timeout <= 0:
+            return False
+        try:
+            async with asyncio.timeout(timeout):
+                await event.wait()
+        except TimeoutError:
+            return False
+        if self.closed:
+            raise ClientClosedError("the aiolock Client was closed while waiting")
+        return True
+
+    # -- parking ------------------------------------------------------------------
+
+    @property
+    def parked(self) -> int:
+        return self._live
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Park until woken (True) or until ``timeout`` seconds passed (False).
+
+        Raises ClientClosedError if the Client is closed meanwhile.
+        """
+        if self._permits:
+            self._permits -= 1
+            return True
+        if self.closed:
+            raise ClientClosedError("the aiolock Client was closed while waiting")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        timer = None
+        if timeout is not None:
+            timer = loop.call_later(max(timeout, 0.0), expire, fut)
+        self._waiters.append(fut)
+        self._live += 1
+        try:
+            woken = await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.result():
+                self.wake_one()  # we were woken but will not run: pass it on
+            raise
+        finally:
+            self._live -= 1
+            if timer is not None:
+                timer.cancel()
+            if len(self._waiters) > 2 * self._live + 32:
+                # Most entries are dead: drop them all at once (amortised O(1)).
+                self._waiters = deque(f for f in self._waiters if not f.done())
+        return woken
+
+    def wake_one(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(True)
+                return
+        # Nobody parked right now: keep a permit for the next wait(), but never
+        # more than there are registered waiters.
+        if self._permits < self.refs:
+            self._permits += 1
+
+    def wake(self, message: bytes) -> None:
+        """Dispatch a release message: "1" wakes one, "*" wakes all, "<n>" wakes n."""
+        if self.handler is not None:
+            self.handler(message)
+        elif message == WAKE_ONE:
+            self.wake_one()
+        elif message == WAKE_ALL:
+            self.wake_all()
+        elif message.isdigit():
+            for _ in range(min(int(message), max(self.refs, 1))):
+                self.wake_one()
+        else:
+            self.wake_one()
+
+    def wake_all(self) -> None:
+        if self.handler is not None:
+            self.handler(WAKE_ALL)
+            return
+        waiters, self._waiters = self._waiters, deque()
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(True)
+        self._permits = self.refs
+
+    def close(self) -> None:
+        """Fail every parked waiter with ClientClosedError."""
+        self.closed = True
+        waiters, self._waiters = self._waiters, deque()
+        for fut in waiters:
+            if not fut.done():
+                fut.set_exception(ClientClosedError("the aiolock Client was closed while waiting"))
+        if self._confirmed is not None:
+            self._confirmed.set()
+
+
+class Listener:
+    """One pub/sub connection, any number of channels, run by one task."""
+
+    #: Seconds a channel stays subscribed after its last waiter left.
+    LINGER = 1.0
+
+    def __init__(
+        self,
+        factory: ConnectionFactory,
+        *,
+        health_interval: float = 5.0,
+        backoff_cap: float = 2.0,
+    ) -> None:
+        self._factory = factory
+        self._health_interval = health_interval
+        self._backoff_cap = backoff_cap
+        self._channels: dict[bytes, Channel] = {}
+        # Replies still due per channel, in send order: True = subscribe.
+        self._expect: dict[bytes, deque[bool]] = {}
+        self._conn: AbstractConnection | None = None
+        self._wanted = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._ping_outstanding = False
+        self.connects = 0
+
+    # -- public to the Client ---------------------------------------------------
+
+    @property
+    def channels(self) -> dict[bytes, Channel]:
+        return self._channels
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="aiolock-listener")
+
+    def register(self, name: bytes) -> Channel:
+        """Take a reference on a channel, subscribing on the first one."""
+        if self._closed:
+            raise ClientClosedError("the aiolock Client is closed")
+        channel = self._channels.get(name)
+        if channel is None:
+            channel = self._channels[name] = Channel(name)
+            self._send(b"SUBSCRIBE", [name])
+            self._wanted.set()
+        channel.refs += 1
+        return channel
+
+    def unregister(self, channel: Channel, *, linger: bool = False) -> None:
+        """Drop a reference; unsubscribe after the last one.
+
+        With ``linger`` (the waiter got what it waited for) the channel stays
+        subscribed, and confirmed, ``LINGER`` seconds more, so that a task
+        that waits on the same name again soon, the common case under
+        contention, neither re-subscribes nor waits for a confirmation round
+        trip. A waiter that gave up (cancelled, timed out) unsubscribes at once.
+        """
+        channel.refs -= 1
+        if channel._permits > max(channel.refs, 0):
+            channel._permits = max(channel.refs, 0)
+        if channel.refs > 0 or self._channels.get(channel.name) is not channel:
+            return
+        if not linger or self.LINGER <= 0 or self._closed:
+            self._unsubscribe(channel)
+            return
+        asyncio.get_running_loop().call_later(self.LINGER, self._unsubscribe, channel)
+
+    def _unsubscribe(self, channel: Channel) -> None:
+        if channel.refs > 0 or self._channels.get(channel.name) is not channel:
+            return  # waited on again meanwhile
+        del self._channels[channel.name]
+        channel._permits = 0
+        self._send(b"UNSUBSCRIBE", [channel.name])
+
+    @property
+    def active(self) -> int:
+        """Channels some task waits on right now (lingering ones not counted)."""
+        return sum(1 for channel in self._channels.values() if channel.refs > 0)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for channel in self._channels.values():
+            channel.close()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except BaseException:
+                pass
+        await self._disconnect()
+
+    # -- the connection ----------------------------------------------------------
+
+    def _send(self, command: bytes, names: list[bytes]) -> None:
+        conn = self._conn
+        if conn is None:
+            return  # (re)connecting: _resubscribe() sends the whole set
+        for name in names:
+            self._expect.setdefault(name, deque()).append(command == b"SUBSCRIBE")
+        try:
+            writer_of(conn).writelines(conn.pack_command(command, *names))
+        except Exception:
+            self._abort()
+
+    def _abort(self) -> None:
+        conn = self._conn
+        if conn is not None:
+            writer = getattr(conn, "_writer", None)
+            if isinstance(writer, asyncio.StreamWriter):
+                writer.transport.abort()
+
+    async def _disconnect(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.disconnect(nowait=True)
+
+    async def _run(self) -> None:
+        delay = 0.0
+        while not self._closed:
+            if not self._channels:
+                self._wanted.clear()
+                await self._wanted.wait()
+            if delay:
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            try:
+                await self._session()
+                delay = 0.0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("aiolock listener: pub/sub connection lost (%s); reconnecting", exc)
+                delay = min(max(delay * 2, 0.05), self._backoff_cap)
+            finally:
+                for channel in self._channels.values():
+                    channel.set_confirmed(False)
+                    channel.resync = True
+                self._expect.clear()
+                await self._disconnect()
+
+    async def _session(self) -> None:
+        conn = self._factory()
+        async with asyncio.timeout(self._health_interval * 2):
+            await conn.connect()  # type: ignore[no-untyped-call]
+        self._conn = conn
+        self.connects += 1
+        self._ping_outstanding = False
+        if self._channels:
+            self._send(b"SUBSCRIBE", list(self._channels))
+        self._health_handle = asyncio.get_running_loop().call_later(
+            self._health_interval, self._health_check
+        )
+        try:
+            while True:
+                reply = await conn.read_response(timeout=math.inf)
+                self._dispatch(reply)
+        finally:
+            self._health_timer_cancel()
+
+    _health_handle: asyncio.TimerHandle | None = None
+
+    def _health_timer_cancel(self) -> None:
+        if self._health_handle is not None:
+            self._health_handle.cancel()
+            self._health_handle = None
+
+    def _health_check(self) -> None:
+        """Ping every health_interval; a ping unanswered for a whole interval kills the link."""
+        if self._conn is None:
+            return
+        if self._ping_outstanding:
+            log.warning("aiolock listener: pub/sub connection stopped answering; reconnecting")
+            self._abort()
+            return
+        self._ping_outstanding = True
+        try:
+            writer_of(self._conn).writelines(self._conn.pack_command(b"PING"))
+        except Exception:
+            self._abort()
+            return
+        self._health_handle = asyncio.get_running_loop().call_later(
+            self._health_interval, self._health_check
+        )
+
+    def _dispatch(self, reply: object) -> None:
+        if not isinstance(reply, list) or not reply:
+            return
+        kind = reply[0]
+        if kind == b"message":
+            channel = self._channels.get(reply[1])
+            if channel is not None:
+                channel.wake(reply[2])
+        elif kind == b"subscribe" or kind == b"unsubscribe":
+            name = reply[1]
+            expect = self._expect.get(name)
+            if expect:
+                expect.popleft()
+                if expect:
+                    return  # a later (un)subscribe of the same channel is still due
+                del self._expect[name]
+            channel = self._channels.get(name)
+            if kind == b"subscribe" and channel is not None:
+                channel.set_confirmed(True)
+                if channel.resync:
+                    channel.resync = False
+                    channel.wake_all()  # messages may have been missed while away
+        elif kind == b"pong":
+            self._ping_outstanding = False

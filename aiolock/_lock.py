@@ -1,0 +1,541 @@
+"""AsyncLock: a reentrant distributed lock, Redisson's RLock made asyncio-native."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from ._errors import ClientClosedError, LockTimeoutError
+from ._futures import expire, retrieve
+from ._lease import Hold, Lease
+from ._primitive import SingleHolder, _Entry, compete, current_task, ttl_hint
+from ._validate import to_ms
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = ["AsyncLock", "LocalQueue"]
+
+
+#: How many times in a row a Client may hand a lock among its own tasks
+#: while another Client's task waits for it (cohort locking's bound).
+COHORT_BOUND = 16
+#: Fencing tokens an acquisition reserves for local handoffs (1 + 15 more).
+TOKEN_RESERVE = COHORT_BOUND
+#: After yielding to other Clients, the next local task waits this long
+#: before it competes, so a remote waiter woken by the release can win.
+COHORT_YIELD = 0.002
+
+
+class _Turn:
+    """A task waiting in a LocalQueue: its future gets True (your turn: go
+    and compete), a Hold (the lock was handed to you), or False (timeout)."""
+
+    __slots__ = ("fut", "lease", "task")
+
+    def __init__(
+        self, fut: asyncio.Future[bool | Hold], task: asyncio.Task[Any], lease: float | None
+    ) -> None:
+        self.fut = fut
+        self.task = task
+        self.lease = lease
+
+
+class LocalQueue:
+    """One lock name in one Client: the local hold and the local FIFO queue.
+
+    Only one local task at a time (the holder, or the head of the queue)
+    deals with Redis; the others wait their turn here, so a thousand local
+    waiters cost one subscription and no connections.
+
+    Cohort locking: when the holder releases and a local task waits, the
+    lock goes straight to that task:
+
+    * without a round trip, if both use watchdog leases and the hold still
+      has fencing tokens reserved (each acquisition in Redis reserves
+      ``TOKEN_RESERVE`` consecutive tokens for this Client, so tokens keep
+      increasing strictly whoever gets the next one); the hold in Redis
+      stays as it is (same owner entry, same TTL), which is the same lock
+      held by the same Client;
+    * otherwise with one script call that releases and re-grants the lock
+      to that task (new tokens, its lease).
+
+    After ``COHORT_BOUND`` handoffs in a row the handoff goes through Redis,
+    and if another Client waits (its failed acquire flagged the lock), the
+    lock is released normally and the next local task waits
+    ``COHORT_YIELD`` before competing, so other Clients are not starved.
+    """
+
+    __slots__ = (
+        "busy",
+        "client",
+        "competing",
+        "handoffs",
+        "hold",
+        "key",
+        "live",
+        "lock",
+        "queue",
+        "yield_next",
+    )
+
+    def __init__(self, client: Client, key: str, lock: AsyncLock | None = None) -> None:
+        self.client = client
+        self.key = key
+        self.lock = lock
+        self.hold: Hold | None = None
+        self.busy = False
+        self.competing = False
+        self.handoffs = 0
+        self.yield_next = False
+        # FIFO of waiting turns. A turn whose task gave up stays in it, dead
+        # (its future is done), until it reaches the head: removal is O(1)
+        # for each of the 100,000 waiters cancelled at once.
+        self.queue: deque[_Turn] = deque()
+        self.live = 0
+
+    def holds(self) -> list[Hold]:
+        return [self.hold] if self.hold is not None else []
+
+    def waiting(self) -> int:
+        return self.live + (1 if self.competing else 0)
+
+    def set_competing(self, value: bool) -> None:
+        self.competing = value
+
+    async def turn(
+        self, deadline: float | None, task: asyncio.Task[Any], lease: float | None
+    ) -> Hold | None:
+        """Wait, FIFO, until this task may deal with Redis (None), or until the
+        lock is handed to it (the Hold)."""
+        loop = asyncio.get_running_loop()
+        if deadline is not None and deadline <= loop.time():
+            raise LockTimeoutError("the lock is busy and the timeout allowed no wait")
+        fut: asyncio.Future[bool | Hold] = loop.create_future()
+        turn = _Turn(fut, task, lease)
+        self.queue.append(turn)
+        self.live += 1
+        timer = loop.call_at(deadline, expire, fut) if deadline is not None else None
+        try:
+            got = await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                result = fut.result()
+                if isinstance(result, Hold):
+                    # The lock was handed to us, but we will not take it.
+                    self.client._spawn(result.new_lease().release())
+                elif result:
+                    self.pass_turn()  # our turn came, but we will not take it
+            raise
+        finally:
+            self.live -= 1
+            if timer is not None:
+                timer.cancel()
+        if isinstance(got, Hold):
+            return got
+        if not got:
+            raise LockTimeoutError("timed out waiting for the lock")
+        return None
+
+    def _next(self) -> _Turn | None:
+        queue = self.queue
+        while queue and queue[0].fut.done():
+            queue.popleft()
+        return queue[0] if queue else None
+
+    def pass_turn(self) -> None:
+        turn = self._next()
+        if turn is not None:
+            self.queue.popleft()
+            turn.fut.set_result(True)
+            return
+        self.busy = False
+        self.handoffs = 0
+        if self.hold is None and not self.competing:
+            self.client._states.pop(self.key, None)
+
+    def hold_ended(self, hold: Hold) -> None:
+        if self.hold is hold:
+            self.hold = None
+            self.pass_turn()
+
+    def release(self, hold: Hold) -> asyncio.Future[int]:
+        """Release ``hold`` in Redis, handing the lock to the next local task if one waits."""
+        client = self.client
+        turn = self._next()
+        lock = self.lock
+        if turn is None or lock is None or self.hold is not hold:
+            self.handoffs = 0
+            return client._release_hold(hold)
+        loop = asyncio.get_running_loop()
+        if (
+            hold.reserve > 0
+            and hold.watchdog
+            and turn.lease is None
+            and self.handoffs < COHORT_BOUND
+        ):
+            return self._pass_locally(hold, turn, loop)
+        outcome: asyncio.Future[int] = loop.create_future()
+        outcome.add_done_callback(retrieve)
+        hold.releasing = outcome
+        next_owner = client.owner(turn.task)
+        next_lease = client.lease if turn.lease is None else turn.lease
+        sent = loop.time()
+        args = (
+            hold.release_args[0],  # the hold's entry in Redis (after local passes,
+            hold.release_args[1],  # not its own fencing token)
+            next_owner,
+            to_ms(next_lease),
+            client._retention_ms,
+            "1" if self.handoffs >= COHORT_BOUND else "0",
+            lock._channel,
+            TOKEN_RESERVE,
+        )
+        checked_others = args[5] == "1"
+        reply = client._submit_script("handoff", lock._release_keys(), args)
+
+        def done(reply: asyncio.Future[Any]) -> None:
+            if reply.cancelled() or reply.exception() is not None:
+                client._spawn(self._handoff_failed(hold, outcome, next_owner))
+                return
+            result = reply.result()
+            code = int(result[0])
+            if code == 1:
+                if checked_others:
+                    self.handoffs = 0  # nobody else waits: a new cohort round may begin
+                self._handed(hold, outcome, turn, next_owner, int(result[1]), next_lease, sent)
+            else:
+                if code == 2:
+                    self.yield_next = True
+                client._release_finished(hold, outcome, code)
+
+        reply.add_done_callback(done)
+        return outcome
+
+    def _pass_locally(
+        self, hold: Hold, turn: _Turn, loop: asyncio.AbstractEventLoop
+    ) -> asyncio.Future[int]:
+        """Hand the lock to the next local task with no round trip (see the class doc)."""
+        assert self.lock is not None
+        hold.on_detach = None
+        hold.detach()
+        self.hold = None
+        self.handoffs += 1
+        new = self.lock._install(
+            self,
+            turn.task,
+            hold.owner,
+            hold.token + 1,
+            None,
+            hold.lease,
+            hold.expires_at - hold.lease,
+            redis_identity=hold,
+        )
+        new.reserve = hold.reserve - 1
+        _take(self.queue, turn)
+        turn.fut.set_result(new)
+        done: asyncio.Future[int] = loop.create_future()
+        done.set_result(1)
+        return done
+
+    def _handed(
+        self,
+        hold: Hold,
+        outcome: asyncio.Future[int],
+        turn: _Turn,
+        owner: str,
+        token: int,
+        lease_s: float,
+        sent: float,
+    ) -> None:
+        assert self.lock is not None
+        hold.on_detach = None  # the lock stays busy: no pass_turn
+        hold.detach()
+        self.hold = None
+        self.handoffs += 1
+        new = self.lock._install(self, turn.task, owner, token, turn.lease, lease_s, sent)
+        new.reserve = TOKEN_RESERVE - 1
+        if not outcome.done():
+            outcome.set_result(1)
+        if turn.fut.done():
+            # The waiter gave up meanwhile: release what was handed to it
+            # (which hands it on, if someone else waits).
+            self.client._spawn(new.new_lease().release())
+        else:
+            _take(self.queue, turn)
+            turn.fut.set_result(new)
+
+    async def _handoff_failed(
+        self, hold: Hold, outcome: asyncio.Future[int], next_owner: str
+    ) -> None:
+        """The handoff's reply was lost: release the old hold plainly (idempotent),
+        clean up whatever may have been handed over, then go on normally."""
+        assert self.lock is not None
+        lock, client = self.lock, self.client
+        try:
+            code = int(
+                await client._retry(hold.release_script, hold.release_keys, hold.release_args)
+            )
+            await client._retry(
+                "release",
+                lock._release_keys(),
+                (next_owner, "", lock._channel, client._retention_ms),
+            )
+        except BaseException as exc:
+            hold.releasing = None
+            hold.mark_lost(f"release failed: {exc!r}")
+            if not outcome.done():
+                outcome.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        client._release_finished(hold, outcome, code)
+
+    def close(self) -> None:
+        queue, self.queue = self.queue, deque()
+        for turn in queue:
+            if not turn.fut.done():
+                turn.fut.set_exception(
+                    ClientClosedError("the aiolock Client was closed while waiting")
+                )
+
+
+def _take(queue: deque[_Turn], turn: _Turn) -> None:
+    """Remove ``turn``, normally the head (then O(1))."""
+    if queue and queue[0] is turn:
+        queue.popleft()
+        return
+    try:
+        queue.remove(turn)
+    except ValueError:
+        pass
+
+
+class AsyncLock(SingleHolder):
+    """A reentrant distributed lock on Redis or Valkey, shared by any number of tasks.
+
+    * **Who may release:** the task that acquired it, with ``release()``; or
+      anyone holding the returned :class:`Lease`, with ``lease.release()``
+      (a handoff between tasks).
+    * **Reentrant** per asyncio Task: the holder may acquire again (no round
+      trip) and must release as many times; a re-entry returns the holder's
+      fencing token.
+    * **Fairness:** tasks of one Client queue FIFO locally and only the head
+      of that queue competes in Redis; across Clients it is not fair (use
+      the fair lock for strict FIFO).
+    * **Lease expiry:** without ``lease=`` the hold has the Client's lease
+      time and the watchdog renews it while held. With ``lease=`` it simply
+      expires then. Either way, a hold that ends without a release is
+      *lost*: ``lease.lost`` turns true, ``on_lost`` callbacks run, and
+      inside ``async with`` the body is cancelled and LockLostError is
+      raised from the ``async with`` (unless ``on_lost="ignore"``).
+    * **Cancellation:** an acquire cancelled at any await, even after Redis
+      granted the lock but before the reply was read, leaves no hold and no
+      waiter behind; a cancelled release still completes; ``async with``
+      releases when its body raised or was cancelled.
+    * **Fencing:** every fresh acquisition gets a token strictly greater than
+      every token issued before for this name.
+    """
+
+    __slots__ = ("_entry_map", "_fence_key")
+
+    #: The acquire script; the spin lock shares everything but the waiting.
+    _acquire_script = "acquire"
+
+    def __init__(self, client: Client, name: str) -> None:
+        super().__init__(client, name)
+        self._fence_key = f"{self._key}:fence"
+        self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
+
+    def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
+        return self._entry_map
+
+    # -- acquire -----------------------------------------------------------------------
+
+    async def _acquire(self, timeout: float | None, lease: float | None) -> Lease:
+        client = self._client
+        loop = client._enter()
+        task = current_task()
+        state: LocalQueue | None = client._states.get(self._key)
+        if state is None:
+            state = client._states[self._key] = LocalQueue(client, self._key, self)
+        else:
+            hold = state.hold
+            if hold is not None and hold.task is task:
+                return hold.new_lease()
+            if state.lock is None:
+                state.lock = self
+        deadline = None if timeout is None else loop.time() + timeout
+        if state.busy:
+            handed = await state.turn(deadline, task, lease)
+            if handed is not None:
+                return handed.new_lease()
+            if state.yield_next:
+                # Another Client's task waits: give it a moment to take the lock.
+                state.yield_next = False
+                try:
+                    await asyncio.sleep(COHORT_YIELD)
+                except BaseException:
+                    state.pass_turn()
+                    raise
+        else:
+            state.busy = True
+        try:
+            hold = await self._compete(state, task, lease, deadline)
+        except BaseException:
+            state.pass_turn()
+            raise
+        return hold.new_lease()
+
+    def _release_keys(self) -> tuple[str, str, str]:
+        return (self._key, self._fence_key, self._signal)
+
+    async def _compete(
+        self,
+        state: LocalQueue,
+        task: asyncio.Task[Any],
+        lease: float | None,
+        deadline: float | None,
+    ) -> Hold:
+        client = self._client
+        owner = client.owner(task)
+        lease_s = client.lease if lease is None else lease
+        keys = (self._key, self._fence_key)
+        args = (owner, to_ms(lease_s), client._retention_ms, TOKEN_RESERVE, client._attempt_id())
+        undo = functools.partial(_undo_acquire, client, self._release_keys(), owner, self._channel)
+        script = self._acquire_script
+
+        async def attempt() -> tuple[int | None, float | None]:
+            reply = await client._eval(script, keys, args, undo)
+            if reply[0] == 1:
+                return int(reply[1]), None
+            ttl = int(reply[1])
+            return None, ttl_hint(ttl)
+
+        token, sent = await compete(
+            client,
+            what=f"lock {self.name!r}",
+            deadline=deadline,
+            attempt=attempt,
+            waiter=self._waiter,
+            abandon=lambda: undo(None, RedisConnectionError("acquire abandoned")),
+            parked=state.set_competing,
+        )
+        hold = self._install(state, task, owner, token, lease, lease_s, sent)
+        hold.reserve = TOKEN_RESERVE - 1
+        return hold
+
+    def _install(
+        self,
+        state: LocalQueue,
+        task: asyncio.Task[Any],
+        owner: str,
+        token: int,
+        lease: float | None,
+        lease_s: float,
+        sent: float,
+        *,
+        redis_identity: Hold | None = None,
+    ) -> Hold:
+        """Record a new hold of ``task`` and start keeping it alive.
+
+        ``redis_identity``: a hold passed on locally keeps the Redis entry
+        (owner and token) of the hold it came from, for release and renewal.
+        """
+        client = self._client
+        if redis_identity is not None:
+            release = (
+                redis_identity.release_script,
+                redis_identity.release_keys,
+                redis_identity.release_args,
+            )
+            renew = (
+                redis_identity.renew_script,
+                redis_identity.renew_key,
+                redis_identity.renew_args,
+            )
+        else:
+            release = (
+                "release",
+                self._release_keys(),
+                (owner, token, self._channel, client._retention_ms),
+            )
+            renew = ("renew", self._key, (owner, token))
+        hold = Hold(
+            client,
+            self.name,
+            owner,
+            token,
+            task,
+            lease_s,
+            watchdog=lease is None,
+            expires_at=sent + lease_s,
+            release=release,
+            renew=renew,
+        )
+        hold.on_detach = state.hold_ended
+        hold.on_release = state.release
+        state.hold = hold
+        client._track(hold)
+        return hold
+
+    # -- release -------------------------------------------------------------------------
+
+    def _my_hold(self) -> Hold | None:
+        state: LocalQueue | None = self._client._states.get(self._key)
+        if state is None or state.hold is None:
+            return None
+        task = asyncio.current_task()
+        return state.hold if state.hold.task is task else None
+
+    # -- queries ----------------------------------------------------------------------------
+
+    async def force_release(self) -> bool:
+        """Delete the lock whoever holds it; True if it was held.
+
+        The evicted holder's lease is lost (at once if it is in this Client,
+        at its watchdog's next renewal otherwise). Fencing tokens keep increasing.
+        """
+        client = self._client
+        client._enter()
+        deleted = int(
+            await client._eval("force_release", (self._key, self._signal), (self._channel,))
+        )
+        state: LocalQueue | None = client._states.get(self._key)
+        if state is not None and state.hold is not None:
+            state.hold.mark_lost("force-released")
+        return deleted == 1
+
+    def __repr__(self) -> str:
+        kind = type(self).__name__
+        state: LocalQueue | None = self._client._states.get(self._key)
+        if state is None:
+            return f"<{kind} {self.name!r} not held here>"
+        hold = state.hold
+        held = (
+            hold.describe(asyncio.get_event_loop().time()) if hold is not None else "not held here"
+        )
+        return f"<{kind} {held}, {state.waiting()} waiting>"
+
+
+def _undo_acquire(
+    client: Client,
+    keys: tuple[str, ...],
+    owner: str,
+    channel: bytes,
+    reply: Any,
+    error: BaseException | None,
+) -> None:
+    """The caller of an acquire gave up before reading its reply: undo whatever it did."""
+    if error is None:
+        if reply and int(reply[0]) == 1:
+            args: tuple[Any, ...] = (owner, int(reply[1]), channel, client._retention_ms)
+            client._spawn(client._retry("release", keys, args))
+    elif not isinstance(error, ResponseError):
+        # Unknown whether it ran: remove whatever hold this owner may have.
+        client._spawn(client._retry("release", keys, (owner, "", channel, client._retention_ms)))

@@ -1,0 +1,381 @@
+"""MultiLock: all or nothing over several locks, possibly on several Clients."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ResponseError
+
+from ._errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    LockNotOwnedError,
+    LockTimeoutError,
+)
+from ._lease import Hold, Lease, LostCallback
+from ._lock import AsyncLock, LocalQueue
+from ._primitive import Acquirable, _Entry, compete, current_task, ttl_hint
+from ._spin import SpinLock
+from ._validate import check_seconds, to_ms
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = ["MultiLease", "MultiLock"]
+
+
+class MultiLease:
+    """The leases of one multi-lock acquisition, one per lock, handled as one.
+
+    ``fencing_tokens`` maps each name to its token; ``fencing_token`` is the
+    largest of them, which also increases strictly from one acquisition of
+    the same set of names to the next. ``lost`` is true as soon as any one
+    lease is lost; ``release()`` releases every lease (idempotent).
+    """
+
+    __slots__ = ("_forget", "_leases", "_released")
+
+    def __init__(
+        self, leases: Sequence[Lease], forget: Callable[[MultiLease], None] | None = None
+    ) -> None:
+        self._leases = list(leases)
+        self._released = False
+        self._forget = forget
+
+    @property
+    def name(self) -> str:
+        return "+".join(lease.name for lease in self._leases)
+
+    @property
+    def leases(self) -> list[Lease]:
+        return list(self._leases)
+
+    @property
+    def fencing_tokens(self) -> dict[str, int]:
+        return {lease.name: lease.fencing_token for lease in self._leases}
+
+    @property
+    def fencing_token(self) -> int:
+        return max(lease.fencing_token for lease in self._leases)
+
+    @property
+    def lost(self) -> bool:
+        return any(lease.lost for lease in self._leases)
+
+    @property
+    def lost_reason(self) -> str | None:
+        for lease in self._leases:
+            if lease.lost:
+                return f"{lease.name!r}: {lease.lost_reason}"
+        return None
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def on_lost(self, callback: LostCallback) -> None:
+        """Call ``callback(multi_lease)`` once, when the first of its leases is lost."""
+        if not callable(callback):
+            raise TypeError(f"on_lost() takes a callable, got {type(callback).__name__}")
+        fired = False
+
+        def once(_: Lease) -> object:
+            nonlocal fired
+            if fired:
+                return None
+            fired = True
+            return callback(self)  # type: ignore[arg-type]
+
+        for lease in self._leases:
+            lease.on_lost(once)
+
+    async def release(self) -> None:
+        """Release every lock (all attempted even if one fails; the first error is raised).
+
+        Every release is on the wire before the first await, so a cancelled
+        call still releases them all.
+        """
+        if self._released:
+            return
+        self._released = True
+        if self._forget is not None:
+            self._forget(self)
+        await _release_all(self._leases, raise_first=True)
+
+    async def extend(self, seconds: float) -> None:
+        check_seconds(seconds, "extend seconds", allow_zero=False)
+        await asyncio.gather(*(lease.extend(seconds) for lease in self._leases))
+
+    def _watch(self, context: _Entry) -> None:
+        for lease in self._leases:
+            lease._watch(context)
+
+    def _unwatch(self, context: _Entry) -> None:
+        for lease in self._leases:
+            lease._unwatch(context)
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else ("lost" if self.lost else "held")
+        return f"<MultiLease {self.name!r} tokens={self.fencing_tokens} {state}>"
+
+
+class MultiLock(Acquirable[MultiLease]):
+    """All or nothing over several locks, possibly on different Clients or servers.
+
+    * **Order:** locks are always taken in one fixed order (by key, then
+      Client id), so two multi-locks over the same names cannot deadlock.
+    * **One script** takes every lock that lives on the same Client (one
+      server) at once; locks on other Clients are taken one after the other.
+    * **All or nothing:** if a lock cannot be taken, the ones already taken
+      are released, the task waits for the lock that was in the way, and it
+      tries again, within the caller's deadline.
+    * **Reentrant** per task, like each of its locks; **who may release**:
+      the acquiring task with ``release()``, or anyone with the MultiLease.
+    * **Lease expiry and cancellation:** as for :class:`AsyncLock`, lock by
+      lock; the MultiLease is lost when any of its leases is.
+    """
+
+    __slots__ = ("_client", "_entry_map", "_held", "_locks", "name")
+
+    def __init__(self, client: Client, *locks: AsyncLock) -> None:
+        if not locks:
+            raise InvalidArgumentError("multi_lock() needs at least one lock")
+        seen: set[tuple[str, str]] = set()
+        for lock in locks:
+            if not isinstance(lock, AsyncLock):
+                raise InvalidArgumentTypeError(
+                    f"multi_lock() takes locks made by client.lock() or client.spin_lock(), "
+                    f"got {type(lock).__name__}"
+                )
+            ident = (lock._client.id, lock._key)
+            if ident in seen:
+                raise InvalidArgumentError(f"lock {lock.name!r} is given twice to multi_lock()")
+            seen.add(ident)
+        self._client = client
+        self._locks = sorted(locks, key=lambda lock: (lock._key, lock._client.id))
+        self.name = "+".join(lock.name for lock in self._locks)
+        self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
+        self._held: dict[asyncio.Task[Any], list[MultiLease]] = {}
+
+    def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
+        return self._entry_map
+
+    @property
+    def locks(self) -> list[AsyncLock]:
+        return list(self._locks)
+
+    async def release(self) -> None:
+        """Release the current task's most recent acquisition of this multi-lock."""
+        task = current_task()
+        stack = self._held.get(task)
+        if not stack:
+            raise LockNotOwnedError(
+                f"multi-lock {self.name!r} is not held by the current task; "
+                "release it from the task that acquired it, or call lease.release()"
+            )
+        await stack[-1].release()
+
+    def _forget(self, multi: MultiLease) -> None:
+        for task, stack in list(self._held.items()):
+            if multi in stack:
+                stack.remove(multi)
+                if not stack:
+                    del self._held[task]
+
+    async def is_locked(self) -> bool:
+        """True if any of the locks is held by anyone."""
+        results = await asyncio.gather(*(lock.is_locked() for lock in self._locks))
+        return any(results)
+
+    async def is_owned(self) -> bool:
+        """True if the current task holds every one of the locks."""
+        for lock in self._locks:  # in this task: ownership is per task
+            if not await lock.is_owned():
+                return False
+        return True
+
+    async def hold_count(self) -> int:
+        stack = self._held.get(current_task())
+        return len(stack) if stack else 0
+
+    async def remaining_ttl(self) -> float | None:
+        """The shortest remaining TTL among the held locks; None if none is held."""
+        ttls = [t for t in await asyncio.gather(*(lock.remaining_ttl() for lock in self._locks))]
+        held = [t for t in ttls if t is not None]
+        return min(held) if held else None
+
+    async def force_release(self) -> bool:
+        results = await asyncio.gather(*(lock.force_release() for lock in self._locks))
+        return any(results)
+
+    # -- acquisition ------------------------------------------------------------------------
+
+    async def _acquire(self, timeout: float | None, lease: float | None) -> MultiLease:
+        for lock in self._locks:
+            lock._client._enter()
+        loop = asyncio.get_running_loop()
+        task = current_task()
+        deadline = None if timeout is None else loop.time() + timeout
+        groups: list[list[AsyncLock]] = []
+        for lock in self._locks:
+            if groups and groups[-1][0]._client is lock._client:
+                groups[-1].append(lock)
+            else:
+                groups.append([lock])
+        while True:
+            taken: list[Lease] = []
+            blocker: AsyncLock | None = None
+            try:
+                for group in groups:
+                    remaining = _remaining(deadline, loop)
+                    if len(group) > 1 and not any(isinstance(x, SpinLock) for x in group):
+                        taken.extend(await self._acquire_group(group, task, lease, remaining))
+                        continue
+                    for lock in group:
+                        wait = remaining if not taken else 0.0
+                        try:
+                            taken.append(await lock._acquire(wait, lease))
+                        except LockTimeoutError:
+                            if not taken:
+                                raise
+                            blocker = lock
+                            break
+                    if blocker is not None:
+                        break
+            except BaseException:
+                await _release_all(taken)
+                raise
+            if blocker is None:
+                multi = MultiLease(taken, self._forget)
+                self._held.setdefault(task, []).append(multi)
+                return multi
+            # All or nothing: give back what we took, wait for the lock that
+            # was in the way, and start again in the fixed order.
+            await _release_all(taken)
+            waited = await blocker._acquire(_remaining(deadline, loop), lease)
+            await waited.release()
+
+    async def _acquire_group(
+        self,
+        group: list[AsyncLock],
+        task: asyncio.Task[Any],
+        lease: float | None,
+        timeout: float | None,
+    ) -> list[Lease]:
+        """Several locks of one Client: local turns in order, then one script."""
+        client = group[0]._client
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        states: list[LocalQueue] = []
+        held: list[Lease] = []
+        try:
+            fresh: list[AsyncLock] = []
+            for lock in group:
+                state: LocalQueue | None = client._states.get(lock._key)
+                if state is None:
+                    state = client._states[lock._key] = LocalQueue(client, lock._key, lock)
+                elif state.hold is not None and state.hold.task is task:
+                    held.append(state.hold.new_lease())  # re-entry: no round trip
+                    continue
+                if state.busy:
+                    handed = await state.turn(deadline, task, lease)
+                    if handed is not None:
+                        held.append(handed.new_lease())  # handed over to us: held
+                        continue
+                else:
+                    state.busy = True
+                states.append(state)
+                fresh.append(lock)
+            if not fresh:
+                return held
+            holds = await _compete_group(client, fresh, states, task, lease, deadline)
+        except BaseException:
+            for state in states:
+                state.pass_turn()
+            await _release_all(held)
+            raise
+        return held + [hold.new_lease() for hold in holds]
+
+
+async def _compete_group(
+    client: Client,
+    locks: list[AsyncLock],
+    states: list[LocalQueue],
+    task: asyncio.Task[Any],
+    lease: float | None,
+    deadline: float | None,
+) -> list[Hold]:
+    owner = client.owner(task)
+    lease_s = client.lease if lease is None else lease
+    keys = tuple(k for lock in locks for k in (lock._key, lock._fence_key))
+    args = (owner, to_ms(lease_s), client._retention_ms, client._attempt_id())
+    blocker = [locks[0]]
+
+    def undo(reply: Any, error: BaseException | None) -> None:
+        if error is None:
+            if reply and int(reply[0]) == 1:
+                for lock, token in zip(locks, reply[1:], strict=True):
+                    _spawn_release(client, lock, owner, int(token))
+        elif not isinstance(error, ResponseError):
+            for lock in locks:
+                _spawn_release(client, lock, owner, "")
+
+    async def attempt() -> tuple[list[int] | None, float | None]:
+        reply = await client._eval("multi_acquire", keys, args, undo)
+        if reply[0] == 1:
+            return [int(token) for token in reply[1:]], None
+        blocker[0] = locks[int(reply[1]) - 1]
+        ttl = int(reply[2])
+        return None, ttl_hint(ttl)
+
+    tokens, sent = await compete(
+        client,
+        what=f"locks {'+'.join(lock.name for lock in locks)!r}",
+        deadline=deadline,
+        attempt=attempt,
+        waiter=lambda: blocker[0]._waiter(),
+        abandon=lambda: undo(None, ConnectionError("acquire abandoned")),
+        parked=states[0].set_competing,
+    )
+    return [
+        lock._install(state, task, owner, token, lease, lease_s, sent)
+        for lock, state, token in zip(locks, states, tokens, strict=True)
+    ]
+
+
+def _spawn_release(client: Client, lock: AsyncLock, owner: str, token: int | str) -> None:
+    args = (owner, token, lock._channel, client._retention_ms)
+    client._spawn(client._retry("release", lock._release_keys(), args))
+
+
+def _remaining(deadline: float | None, loop: asyncio.AbstractEventLoop) -> float | None:
+    if deadline is None:
+        return None
+    return max(0.0, deadline - loop.time())
+
+
+async def _release_all(leases: list[Lease], *, raise_first: bool = False) -> None:
+    """Start every release at once (cancellation-proof), then wait for them all."""
+    started: list[tuple[Lease, asyncio.Future[int]]] = []
+    errors: list[BaseException] = []
+    for lease in leases:
+        try:
+            outcome = lease._begin_release()
+        except LockNotOwnedError as exc:
+            errors.append(exc)
+            continue
+        if outcome is not None:
+            started.append((lease, outcome))
+    for lease, outcome in started:
+        try:
+            lease._check_outcome(await asyncio.shield(outcome))
+        except LockNotOwnedError as exc:
+            errors.append(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            errors.append(exc)
+    if raise_first and errors:
+        raise errors[0]

@@ -1,0 +1,244 @@
+"""How a waiting task learns that it may try again: the three notify modes.
+
+Every primitive waits the same way (see ``_listener``): register, make sure
+the registration is live, try, and if that failed park until woken or until
+a bound (the holder's TTL, the caller's deadline) passes, then try again. A
+*Waiter* is one task's registration; the mode decides what wakes it:
+
+``pubsub`` (default)
+    The Client's one listener connection, one reference-counted channel per
+    name. A release publishes on the name's channel.
+
+``list``
+    For proxies and managed services that disable pub/sub: a release also
+    pushes onto the name's signal list (``<prefix>:{<name>}:signal``, capped
+    at 16 items and expiring after 10 s), and the Client runs at most one
+    BLPOP loop, on its own connection, per name it waits on. An item pushed
+    while nobody blocks stays in the list, so no release is missed between
+    a try and the next BLPOP. A wake-up popped by a BLPOP that was being
+    cancelled can be lost, so a list-mode waiter also retries by itself at
+    least once a second (``ListWaiter.PARK_MAX``).
+
+``poll``
+    No notification at all: exponential backoff with jitter, capped, and
+    never past the caller's deadline. The spin lock always waits this way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+from dataclasses import dataclass
+from typing import Protocol
+
+from redis.asyncio.connection import AbstractConnection
+
+from ._connection import ConnectionFactory
+from ._errors import ClientClosedError, InvalidArgumentError
+from ._listener import Channel, Listener
+from ._validate import check_seconds
+
+__all__ = ["Backoff", "ListWaiter", "PollWaiter", "PubSubWaiter", "SignalHub", "Waiter"]
+
+log = logging.getLogger("aiolock")
+
+
+class Waiter(Protocol):
+    async def ready(self, bound: float | None) -> None:
+        """Return once a release from now on is sure to wake ``wait`` (at most ``bound`` s)."""
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Park until woken (True) or ``timeout`` passed (False)."""
+
+    def close(self, *, linger: bool = False) -> None:
+        """Unregister (idempotent); ``linger``: the wait succeeded (see Listener)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Capped exponential backoff with jitter: ``initial * factor**k``, at most ``maximum``.
+
+    Each delay is scaled by a random factor in ``[1 - jitter, 1]``. Callers
+    cut every delay to the time left before their deadline.
+    """
+
+    initial: float = 0.005
+    factor: float = 2.0
+    maximum: float = 0.5
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        check_seconds(self.initial, "backoff initial", allow_zero=False)
+        check_seconds(self.maximum, "backoff maximum", allow_zero=False)
+        if not (isinstance(self.factor, int | float) and 1.0 <= self.factor <= 100.0):
+            raise InvalidArgumentError(f"backoff factor must be in [1, 100], got {self.factor!r}")
+        if not (isinstance(self.jitter, int | float) and 0.0 <= self.jitter <= 1.0):
+            raise InvalidArgumentError(f"backoff jitter must be in [0, 1], got {self.jitter!r}")
+        if self.maximum < self.initial:
+            raise InvalidArgumentError("backoff maximum must be at least its initial delay")
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.maximum, self.initial * self.factor ** min(attempt, 64))
+        if self.jitter:
+            base *= 1.0 - self.jitter * random.random()
+        return base
+
+
+class PubSubWaiter:
+    __slots__ = ("_channel", "_listener")
+
+    def __init__(self, listener: Listener, channel: bytes) -> None:
+        self._listener = listener
+        self._channel: Channel | None = listener.register(channel)
+
+    async def ready(self, bound: float | None) -> None:
+        if self._channel is not None:
+            await self._channel.confirmed(bound)
+
+    async def wait(self, timeout: float | None) -> bool:
+        assert self._channel is not None
+        return await self._channel.wait(timeout)
+
+    def close(self, *, linger: bool = False) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            self._listener.unregister(channel, linger=linger)
+
+
+class PollWaiter:
+    __slots__ = ("_attempt", "_backoff")
+
+    def __init__(self, backoff: Backoff) -> None:
+        self._backoff = backoff
+        self._attempt = 0
+
+    async def ready(self, bound: float | None) -> None:
+        return None
+
+    async def wait(self, timeout: float | None) -> bool:
+        delay = self._backoff.delay(self._attempt)
+        self._attempt += 1
+        if timeout is not None:
+            delay = min(delay, timeout)
+        await asyncio.sleep(max(delay, 0.0))
+        return False
+
+    def close(self, *, linger: bool = False) -> None:
+        return None
+
+
+class _Signal:
+    __slots__ = ("channel", "task")
+
+    def __init__(self, key: bytes) -> None:
+        self.channel = Channel(key)
+        self.task: asyncio.Task[None] | None = None
+
+
+class SignalHub:
+    """The ``list`` mode's BLPOP loops: at most one per waited name per Client."""
+
+    BLOCK = 5  # seconds per BLPOP; the loop goes on while anyone waits
+
+    def __init__(self, factory: ConnectionFactory) -> None:
+        self._factory = factory
+        self._signals: dict[bytes, _Signal] = {}
+        self._closed = False
+        self.connects = 0
+
+    @property
+    def active(self) -> int:
+        return len(self._signals)
+
+    def register(self, key: bytes) -> Channel:
+        if self._closed:
+            raise ClientClosedError("the aiolock Client is closed")
+        signal = self._signals.get(key)
+        if signal is None:
+            signal = self._signals[key] = _Signal(key)
+            signal.task = asyncio.get_running_loop().create_task(
+                self._pump(key, signal.channel),
+                name=f"aiolock-blpop-{key.decode(errors='replace')}",
+            )
+        signal.channel.refs += 1
+        return signal.channel
+
+    def unregister(self, channel: Channel) -> None:
+        channel.refs -= 1
+        if channel.refs > 0:
+            return
+        signal = self._signals.get(channel.name)
+        if signal is not None and signal.channel is channel:
+            del self._signals[channel.name]
+            if signal.task is not None:
+                signal.task.cancel()
+
+    async def _pump(self, key: bytes, channel: Channel) -> None:
+        delay = 0.0
+        conn: AbstractConnection | None = None
+        try:
+            while True:
+                try:
+                    if conn is None:
+                        if delay:
+                            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                        conn = self._factory()
+                        async with asyncio.timeout(10):
+                            await conn.connect()  # type: ignore[no-untyped-call]
+                        self.connects += 1
+                        channel.wake_all()  # pushes may have been missed while away
+                    await conn.send_command(b"BLPOP", key, self.BLOCK)
+                    reply = await conn.read_response(timeout=math.inf)
+                    delay = 0.0
+                    if reply:
+                        channel.wake(reply[1])
+                except Exception as exc:
+                    log.warning("aiolock: BLPOP on %r failed (%s); reconnecting", key, exc)
+                    delay = min(max(delay * 2, 0.05), 2.0)
+                    if conn is not None:
+                        await conn.disconnect(nowait=True)
+                        conn = None
+        finally:
+            if conn is not None:
+                await conn.disconnect(nowait=True)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        signals, self._signals = self._signals, {}
+        tasks = []
+        for signal in signals.values():
+            signal.channel.close()
+            if signal.task is not None:
+                signal.task.cancel()
+                tasks.append(signal.task)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class ListWaiter:
+    __slots__ = ("_channel", "_hub")
+
+    #: The longest a list-mode waiter parks before it tries again by itself.
+    PARK_MAX = 1.0
+
+    def __init__(self, hub: SignalHub, key: bytes) -> None:
+        self._hub = hub
+        self._channel: Channel | None = hub.register(key)
+
+    async def ready(self, bound: float | None) -> None:
+        return None  # pushes persist in the list: nothing is missed before BLPOP runs
+
+    async def wait(self, timeout: float | None) -> bool:
+        # A BLPOP cancelled in flight (its loop stops when the last waiter of
+        # a name leaves) may have popped a wake-up that nobody then sees: so
+        # in list mode a waiter also re-checks at least every PARK_MAX seconds.
+        assert self._channel is not None
+        bound = self.PARK_MAX if timeout is None else min(timeout, self.PARK_MAX)
+        return await self._channel.wait(bound)
+
+    def close(self, *, linger: bool = False) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            self._hub.unregister(channel)

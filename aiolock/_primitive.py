@@ -1,0 +1,463 @@
+"""What every primitive shares: the try/park loop, and the ``async with`` protocol.
+
+``compete`` is trio's "check, try without waiting, then park" as one loop,
+used by every waiting primitive: try in Redis; if that failed, register a
+Waiter (see ``_notify``), make sure it is live, and try again at once (so a
+release between the first try and the registration is not missed); then
+park until woken or until the bound passes (the holder's TTL, cut to the
+caller's deadline), and try again. One last try is always made at the
+deadline. A try whose reply is lost to a timeout or a cancellation is
+undone by its ``orphan`` handler (see ``_connection``).
+
+``LockLike`` turns ``_acquire``/``_release_mine`` into ``async with``,
+``lock(timeout=..., lease=..., on_lost=...)`` and ``@lock``, and cancels the
+body of an ``async with`` whose lease is lost (the way ``asyncio.timeout()``
+turns its cancellation into TimeoutError).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import math
+from collections.abc import Awaitable, Callable, Coroutine
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._errors import (
+    ClientClosedError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    LockLostError,
+    LockNotOwnedError,
+    LockTimeoutError,
+)
+from ._lease import Hold, Lease
+from ._notify import Waiter
+from ._validate import check_lease, check_name, check_timeout
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = [
+    "REPLY_GRACE",
+    "TRANSIENT",
+    "Acquirable",
+    "LockLike",
+    "OnLost",
+    "Primitive",
+    "SingleHolder",
+    "compete",
+    "current_task",
+    "ttl_hint",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+class LeaseLike(Protocol):
+    """What ``async with`` needs of the lease a primitive returns."""
+
+    @property
+    def lost(self) -> bool: ...
+
+    @property
+    def lost_reason(self) -> str | None: ...
+
+    async def release(self) -> None: ...
+
+    def _watch(self, context: _Entry) -> None: ...
+
+    def _unwatch(self, context: _Entry) -> None: ...
+
+
+L = TypeVar("L", bound=LeaseLike)  # the lease type a primitive returns
+OnLost = Literal["cancel", "ignore"]
+
+#: However short the caller's timeout, an attempt already on the wire gets
+#: this long for its reply (so ``try_acquire()`` always makes one real try).
+REPLY_GRACE = 1.0
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+def current_task() -> asyncio.Task[Any]:
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("aiolock must be used from inside an asyncio task")
+    return task
+
+
+def ttl_hint(pttl_ms: int) -> float | None:
+    """A script's PTTL of the holder as a wait bound: -1 (no TTL) is None
+    (wait for a message, bounded by the lease); 0 or -2 (it is expiring, or
+    gone) retries in a millisecond, never after a whole lease."""
+    if pttl_ms == -1:
+        return None
+    return max(pttl_ms, 1) / 1000.0
+
+
+def check_on_lost(value: object) -> OnLost:
+    if value == "cancel":
+        return "cancel"
+    if value == "ignore":
+        return "ignore"
+    raise InvalidArgumentError(f"on_lost must be 'cancel' or 'ignore', got {value!r}")
+
+
+async def compete(
+    client: Client,
+    *,
+    what: str,
+    deadline: float | None,
+    attempt: Callable[[], Awaitable[tuple[T | None, float | None]]],
+    waiter: Callable[[], Waiter],
+    abandon: Callable[[], None] = lambda: None,
+    parked: Callable[[bool], None] = lambda _: None,
+) -> tuple[T, float]:
+    """Try until ``attempt()`` returns a result; return it with the time it was sent.
+
+    ``attempt()`` returns ``(result, None)`` on success, or ``(None, hint)``
+    where hint is how long, at most, it is worth waiting before the next try
+    (the holder's remaining TTL), or None if unknown. ``abandon()`` is called
+    if we give up after transient errors (an attempt may have succeeded
+    unseen). ``parked(True/False)`` brackets the time a Waiter is registered.
+    """
+    loop = asyncio.get_running_loop()
+    registration: Waiter | None = None
+    failures = 0
+    try:
+        while True:
+            sent = loop.time()
+            try:
+                if deadline is None:
+                    result, hint = await attempt()
+                else:
+                    async with asyncio.timeout_at(max(deadline, sent + REPLY_GRACE)):
+                        result, hint = await attempt()
+            except TimeoutError:
+                raise LockTimeoutError(
+                    f"timed out waiting for {what} (no reply from Redis)"
+                ) from None
+            except TRANSIENT:
+                failures += 1
+                if failures >= 3 or (deadline is not None and loop.time() >= deadline):
+                    abandon()
+                    raise
+                await asyncio.sleep(0.05 * 2**failures)
+                continue
+            failures = 0
+            if result is not None:
+                if registration is not None:
+                    registration.close(linger=True)
+                    registration = None
+                    parked(False)
+                return result, sent
+            bound = hint if hint is not None and hint > 0 else client.lease
+            now = loop.time()
+            if deadline is not None:
+                if now >= deadline:
+                    raise LockTimeoutError(f"timed out waiting for {what}")
+                bound = min(bound, deadline - now)
+            if client._closed:
+                raise ClientClosedError("the aiolock Client was closed while waiting")
+            if registration is None:
+                # Register, and only then retry: a release in between is not missed.
+                registration = waiter()
+                parked(True)
+                await registration.ready(bound)
+                continue
+            await registration.wait(bound)
+            if client._closed:
+                raise ClientClosedError("the aiolock Client was closed while waiting")
+    finally:
+        if registration is not None:
+            registration.close()
+            parked(False)
+
+
+class Primitive:
+    """A name, its keys, and how its waiters are notified. Cheap: no I/O."""
+
+    __slots__ = ("_channel", "_client", "_key", "_signal", "name")
+
+    def __init__(self, client: Client, name: str) -> None:
+        self.name = check_name(name)
+        self._client = client
+        self._key = client.key(self.name)
+        self._channel = f"{self._key}:ch".encode()
+        self._signal = f"{self._key}:signal"
+
+    def _waiter(self) -> Waiter:
+        return self._client._waiter(self._channel, self._signal)
+
+
+class _Entry:
+    """One ``async with`` over a lock: cancels its body if the lease is lost."""
+
+    __slots__ = ("cancel_requested", "cancelling", "lease", "on_lost", "task")
+
+    def __init__(self, lease: Any, task: asyncio.Task[Any], on_lost: OnLost) -> None:
+        self.lease = lease
+        self.task = task
+        self.on_lost = on_lost
+        self.cancelling = task.cancelling()
+        self.cancel_requested = False
+
+    def lease_lost(self, hold: Hold) -> None:
+        if self.on_lost == "cancel" and not self.cancel_requested and not self.task.done():
+            self.cancel_requested = True
+            self.task.cancel(f"aiolock: the lease of {hold.name!r} was lost")
+
+
+class LockLike(Generic[L]):
+    """``async with``, ``lock(...)`` and ``@lock`` over ``_acquire``.
+
+    ``L`` is the lease type; it must offer Lease's protocol: ``lost``,
+    ``lost_reason``, ``release()``, ``_watch(entry)``, ``_unwatch(entry)``.
+    """
+
+    __slots__ = ()
+
+    name: str
+
+    async def _acquire(self, timeout: float | None, lease: float | None) -> L:
+        """Acquire and return a lease."""
+        raise NotImplementedError
+
+    def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
+        raise NotImplementedError
+
+    @overload
+    def __call__(self, fn: Callable[P, Awaitable[R]], /) -> Callable[P, Awaitable[R]]: ...
+
+    @overload
+    def __call__(
+        self,
+        fn: None = None,
+        /,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        on_lost: OnLost = "cancel",
+    ) -> LockContext[L]: ...
+
+    def __call__(
+        self,
+        fn: Callable[P, Awaitable[R]] | None = None,
+        /,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        on_lost: OnLost = "cancel",
+    ) -> Callable[P, Awaitable[R]] | LockContext[L]:
+        """``async with lock(timeout=..., lease=..., on_lost=...)``; ``@lock``; ``@lock(...)``."""
+        context = LockContext(
+            self, check_timeout(timeout), check_lease(lease), check_on_lost(on_lost)
+        )
+        if fn is None:
+            return context
+        return context(fn)
+
+    async def __aenter__(self) -> L:
+        return await self._enter_ctx(None, None, "cancel")
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._exit_ctx(exc_type, exc)
+
+    async def _enter_ctx(self, timeout: float | None, lease: float | None, on_lost: OnLost) -> L:
+        got = await self._acquire(timeout, lease)
+        task = current_task()
+        entry = _Entry(got, task, on_lost)
+        self._entries().setdefault(task, []).append(entry)
+        got._watch(entry)
+        return got
+
+    async def _exit_ctx(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None
+    ) -> None:
+        task = current_task()
+        entries = self._entries()
+        stack = entries[task]
+        entry = stack.pop()
+        if not stack:
+            del entries[task]
+        lease = entry.lease
+        lease._unwatch(entry)
+        ours_delivered = False
+        if entry.cancel_requested and exc_type is not asyncio.CancelledError:
+            # Our cancellation may still be pending (the body ended first):
+            # take delivery here, so it never leaks past the `async with`.
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                ours_delivered = True
+        try:
+            await lease.release()
+        except LockNotOwnedError:
+            if not lease.lost:
+                raise
+        except asyncio.CancelledError:
+            if not entry.cancel_requested or ours_delivered:
+                raise
+            ours_delivered = True  # ours, delivered during the release (which still completes)
+        if entry.cancel_requested:
+            if task.uncancel() > entry.cancelling:
+                # Somebody else cancelled us too: that cancellation wins.
+                if ours_delivered:
+                    raise asyncio.CancelledError()
+                return
+            if exc_type is None or exc_type is asyncio.CancelledError or ours_delivered:
+                raise LockLostError(
+                    f"{self.name!r}: the lease was lost while held ({lease.lost_reason})"
+                ) from exc
+            return
+        if lease.lost and entry.on_lost == "cancel" and exc_type is None:
+            raise LockLostError(f"{self.name!r}: the lease was lost ({lease.lost_reason})")
+
+
+class LockContext(Generic[L]):
+    """``lock(timeout=..., lease=..., on_lost=...)``: an async context manager and a decorator."""
+
+    __slots__ = ("_lease", "_lock", "_on_lost", "_timeout")
+
+    def __init__(
+        self, lock: LockLike[L], timeout: float | None, lease: float | None, on_lost: OnLost
+    ) -> None:
+        self._lock = lock
+        self._timeout = timeout
+        self._lease = lease
+        self._on_lost: OnLost = on_lost
+
+    async def __aenter__(self) -> L:
+        return await self._lock._enter_ctx(self._timeout, self._lease, self._on_lost)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._lock._exit_ctx(exc_type, exc)
+
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        if not inspect.iscoroutinefunction(fn):
+            raise InvalidArgumentTypeError(
+                f"@lock decorates async functions (async def), got {fn!r}"
+            )
+
+        @functools.wraps(fn)
+        async def locked(*args: P.args, **kwargs: P.kwargs) -> R:
+            async with self:
+                return await fn(*args, **kwargs)
+
+        return locked
+
+
+class Acquirable(LockLike[L]):
+    """``acquire`` and ``try_acquire`` over ``_acquire``, for every lock-like primitive."""
+
+    __slots__ = ()
+
+    def acquire(
+        self, *, timeout: float | None = None, lease: float | None = None
+    ) -> Coroutine[Any, Any, L]:
+        """Wait for the lock and return its lease (``await lock.acquire()``).
+
+        ``timeout``: seconds to wait at most (None: for ever); raises
+        LockTimeoutError (a TimeoutError) when it runs out. ``lease``: a fixed
+        lease in seconds with no renewal (None: the watchdog renews it).
+        Arguments are checked at the call. (A plain function returning the
+        coroutine: one frame less per waiting task.)
+        """
+        return self._acquire(check_timeout(timeout), check_lease(lease))
+
+    async def try_acquire(self, wait: float = 0.0, *, lease: float | None = None) -> L | None:
+        """Acquire if possible within ``wait`` seconds (default: one try, no waiting).
+
+        Returns the lease, or None if the lock stayed busy.
+        """
+        checked_wait = check_timeout(wait, "wait")
+        checked_lease = check_lease(lease)
+        try:
+            return await self._acquire(checked_wait, checked_lease)
+        except LockTimeoutError:
+            return None
+
+
+class SingleHolder(Primitive, Acquirable[Lease]):
+    """Queries and ``release()`` of a lock one task holds at a time (AsyncLock, FairLock)."""
+
+    __slots__ = ()
+
+    #: How errors name this kind of lock.
+    _kind = "lock"
+    #: The read-only script that checks a hold in Redis (see owned.lua).
+    _owned_script = "owned"
+
+    def _my_hold(self) -> Hold | None:
+        """The current task's hold of this lock in this Client, if any."""
+        raise NotImplementedError
+
+    def _owned_args(self, hold: Hold) -> tuple[Any, ...]:
+        return hold.renew_args
+
+    async def release(self) -> None:
+        """Release the current task's most recent acquisition of this lock.
+
+        Raises LockNotOwnedError if the current task does not hold it (or its
+        lease was lost). If cancelled while the release is on the wire, the
+        release still completes.
+        """
+        self._client._check_usable()
+        hold = self._my_hold()
+        if hold is None or not hold.leases:
+            raise LockNotOwnedError(
+                f"{self._kind} {self.name!r} is not held by the current task; "
+                "release it from the task that acquired it, or call lease.release()"
+            )
+        await hold.leases[-1].release()
+
+    async def is_locked(self) -> bool:
+        """True if anyone (any client) holds the lock right now (one round trip)."""
+        self._client._enter()
+        return bool(await self._client._mux.call(b"EXISTS", self._key))
+
+    async def is_owned(self) -> bool:
+        """True if the current task holds the lock, confirmed by Redis."""
+        client = self._client
+        client._enter()
+        hold = self._my_hold()
+        if hold is None:
+            return False
+        ttl = int(await client._eval(self._owned_script, (self._key,), self._owned_args(hold)))
+        if ttl == -2:
+            hold.mark_lost("the hold was gone when checked")
+            return False
+        return True
+
+    async def hold_count(self) -> int:
+        """How many times the current task holds the lock (0 if not). No round trip."""
+        self._client._enter()
+        hold = self._my_hold()
+        return hold.count if hold is not None else 0
+
+    async def remaining_ttl(self) -> float | None:
+        """Seconds until the current hold expires (whoever holds it); None if unlocked."""
+        self._client._enter()
+        ttl = int(await self._client._mux.call(b"PTTL", self._key))
+        if ttl == -2:
+            return None
+        if ttl == -1:
+            return math.inf
+        return ttl / 1000.0

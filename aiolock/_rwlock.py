@@ -1,0 +1,746 @@
+"""ReadWriteLock: many readers or one writer; reentrant; writers are not starved.
+
+One core (:class:`ReadWriteLock`) holds the name, the keys and the protocol;
+two thin views, ``rw.read`` and ``rw.write``, give each side the full
+AsyncLock API (the shape of aiorwlock's ``.reader`` / ``.writer``).
+
+How it works
+------------
+Redis keeps every hold of one name in one hash (see
+``scripts/_rw_common.lua`` for the layout): the writer with its token and
+expiry, and one token and expiry per reader. Each hold expires on its own,
+and every script first drops the expired ones, so a crashed reader pins the
+lock for no longer than its own lease however busy the other readers are.
+The watchdog renews read and write holds alike (``rw_renew``).
+
+Writer preference: a writer that finds readers in the way registers as a
+*waiting writer* (``<key>:wq``, an entry the watchdog keeps alive while it
+waits, so a crashed waiter blocks nobody for longer than one lease). While
+one waits, new readers are refused (re-entries and downgrades are not new
+readers), so the readers drain and the writer gets in. A release of the write
+lock wakes every parked reader ("*" on the readers' channel) and, if the lock
+is then free, one writer; the release of the last read hold wakes one writer
+(on the writers' own channel, so a wake-up meant for a writer never lands on
+a reader).
+
+Locally, per Client and name, writers queue FIFO and only the head competes
+in Redis (like AsyncLock); readers each compete, since many may hold at once.
+Re-entries never make a round trip, and neither does the refusal of an
+upgrade (a task holding read that asks for write gets LockUpgradeError at
+once: waiting would deadlock, as Redisson does in its issue #4796).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from ._errors import ClientClosedError, LockNotOwnedError, LockTimeoutError, LockUpgradeError
+from ._futures import expire
+from ._lease import Hold, Lease
+from ._notify import Waiter
+from ._primitive import Acquirable, Primitive, _Entry, compete, current_task
+from ._validate import to_ms
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = ["ReadLock", "ReadWriteLock", "WriteLock"]
+
+#: Nonces of acquire calls: a retry of one call (after a lost reply) is told
+#: from a new call of the same task, and an undo touches only its own call's hold.
+_nonces = itertools.count(1)
+
+
+class _RWState:
+    """One read-write lock name in one Client: its local holds and waiters.
+
+    ``hold`` is the local write hold and ``queue`` the local FIFO of writers:
+    only one local writer at a time (the holder, or the head of the queue,
+    ``busy``) deals with Redis. ``reads`` maps each task to its read hold;
+    readers each compete in Redis. Removes itself from ``client._states``
+    when idle.
+    """
+
+    __slots__ = (
+        "busy",
+        "client",
+        "competing",
+        "hold",
+        "key",
+        "live",
+        "parked_reads",
+        "pending_reads",
+        "queue",
+        "reads",
+    )
+
+    def __init__(self, client: Client, key: str) -> None:
+        self.client = client
+        self.key = key
+        self.hold: Hold | None = None
+        self.busy = False
+        self.competing = False
+        # Waiting writers, FIFO. One that gave up stays, dead (done), until it
+        # reaches the head: O(1) per cancelled waiter, as in LocalQueue.
+        self.queue: deque[asyncio.Future[bool]] = deque()
+        self.live = 0
+        self.reads: dict[asyncio.Task[Any], Hold] = {}
+        self.pending_reads = 0  # read acquires under way
+        self.parked_reads = 0  # of which parked, waiting for a wake-up
+
+    # -- what the Client asks of a local state -------------------------------------------
+
+    def holds(self) -> list[Hold]:
+        held = list(self.reads.values())
+        if self.hold is not None:
+            held.insert(0, self.hold)
+        return held
+
+    def waiting(self) -> int:
+        return self.live + (1 if self.competing else 0) + self.parked_reads
+
+    def close(self) -> None:
+        queue, self.queue = self.queue, deque()
+        for fut in queue:
+            if not fut.done():
+                fut.set_exception(ClientClosedError("the aiolock Client was closed while waiting"))
+
+    # -- parking hooks for compete() ------------------------------------------------------
+
+    def set_competing(self, value: bool) -> None:
+        self.competing = value
+
+    def set_reader_parked(self, value: bool) -> None:
+        self.parked_reads += 1 if value else -1
+
+    # -- the local FIFO of writers --------------------------------------------------------
+
+    async def turn(self, deadline: float | None) -> None:
+        """Wait, FIFO, until this writer may deal with Redis."""
+        loop = asyncio.get_running_loop()
+        if deadline is not None and deadline <= loop.time():
+            raise LockTimeoutError("the write lock is busy and the timeout allowed no wait")
+        fut: asyncio.Future[bool] = loop.create_future()
+        self.queue.append(fut)
+        self.live += 1
+        timer = loop.call_at(deadline, expire, fut) if deadline is not None else None
+        try:
+            got = await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None and fut.result():
+                self.pass_turn()  # our turn came, but we will not take it
+            raise
+        finally:
+            self.live -= 1
+            if timer is not None:
+                timer.cancel()
+        if not got:
+            raise LockTimeoutError("timed out waiting for the write lock")
+
+    def pass_turn(self) -> None:
+        queue = self.queue
+        while queue:
+            fut = queue.popleft()
+            if not fut.done():
+                fut.set_result(True)
+                return
+        self.busy = False
+        self.drop_if_idle()
+
+    def hold_ended(self, hold: Hold) -> None:
+        if self.hold is hold:
+            self.hold = None
+            self.pass_turn()
+            return
+        task = hold.task
+        if task is not None and self.reads.get(task) is hold:
+            del self.reads[task]
+        self.drop_if_idle()
+
+    def drop_if_idle(self) -> None:
+        if (
+            self.hold is None
+            and not self.busy
+            and not self.queue
+            and not self.reads
+            and not self.competing
+            and self.pending_reads == 0
+            and self.parked_reads == 0
+            and self.client._states.get(self.key) is self
+        ):
+            del self.client._states[self.key]
+
+
+class _WaitEntry:
+    """A waiting writer's entry in ``<key>:wq``, kept alive by the watchdog (Renewable)."""
+
+    __slots__ = (
+        "client",
+        "expires_at",
+        "registered",
+        "renew_args",
+        "renew_key",
+        "renew_script",
+        "watched",
+    )
+
+    def __init__(self, client: Client, wq_key: str, member: str) -> None:
+        self.client = client
+        self.renew_script = "rw_renew_wait"
+        self.renew_key = wq_key
+        self.renew_args: tuple[Any, ...] = (member,)
+        self.expires_at = 0.0
+        self.registered = False  # it may be in Redis: undo it when giving up
+        self.watched = False
+
+    def added(self, sent: float) -> None:
+        self.registered = True
+        self.expires_at = max(self.expires_at, sent + self.client.lease)
+        if not self.watched:
+            self.watched = True
+            self.client._watchdog.add(self)
+
+    def renewed(self, sent: float, lease: float) -> None:
+        self.expires_at = max(self.expires_at, sent + lease)
+
+    def gone(self, reason: str) -> None:
+        # Expired or dropped: the next refused attempt registers it again.
+        self.stop()
+
+    def stop(self) -> None:
+        if self.watched:
+            self.watched = False
+            self.client._watchdog.remove(self)
+
+
+class ReadWriteLock(Primitive):
+    """A distributed read-write lock: ``rw.read`` (shared) and ``rw.write`` (exclusive).
+
+    Both views have the full :class:`AsyncLock` API (``acquire``,
+    ``try_acquire``, ``release``, ``async with``, ``(timeout=, lease=,
+    on_lost=)``, ``@decorator``, ``is_locked``, ``is_owned``, ``hold_count``,
+    ``remaining_ttl``, ``force_release``).
+
+    * **Many readers or one writer**, across every Client and process.
+    * **Who may release:** the task that acquired, with ``rw.read.release()``
+      / ``rw.write.release()``; or anyone holding the :class:`Lease`.
+    * **Reentrant** per asyncio Task, each side separately, without a round
+      trip; a re-entry returns the hold's fencing token.
+    * **Downgrade:** the writer may take the read lock; when it then releases
+      the write lock it goes on holding read (and other readers may join).
+    * **No upgrade:** a task holding the read lock (and not the write lock)
+      that asks for the write lock gets :class:`LockUpgradeError` at once,
+      before any round trip: it would otherwise wait for itself for ever.
+    * **Fairness:** writers are preferred: a writer that finds readers in the
+      way registers as waiting, and from then on no new reader is let in
+      (re-entries and downgrades still are), so a steady stream of readers
+      cannot starve it. A crashed waiting writer stops blocking readers
+      after one lease of its Client. Writers of one Client queue FIFO
+      locally; otherwise there is no FIFO order. Readers have no such
+      guarantee against a steady stream of writers: they compete with the
+      next writer at every write release (the readers of all Clients are
+      woken, and once one is in, the next writer waits for the readers).
+      As with any writer-preferring lock, a task that holds the read lock
+      and waits for another task's *fresh* read acquisition can deadlock
+      with a waiting writer.
+    * **Lease expiry:** every read and write hold is a lease: renewed by the
+      watchdog when taken without ``lease=``, fixed otherwise. Each expires
+      on its own, so a crashed reader pins the lock no longer than its own
+      lease while other readers come and go. A hold that ends without a
+      release is *lost*: ``lease.lost``, ``on_lost`` callbacks, and inside
+      ``async with`` the body is cancelled and LockLostError raised.
+    * **Cancellation:** an acquire cancelled at any await (even after Redis
+      granted it, before the reply was read) leaves no hold, no waiting-writer
+      entry and no local waiter behind; a cancelled release still completes.
+    * **Fencing:** every fresh acquisition, read or write (a downgrade's
+      read too), gets a token strictly greater than every token issued
+      before for this name.
+
+    Do not use one name for a read-write lock and another kind of lock: the
+    scripts refuse a name held by another kind with a ResponseError.
+    """
+
+    __slots__ = (
+        "_fence_key",
+        "_rel_key",
+        "_rq_key",
+        "_state_key",
+        "_wchannel",
+        "_wq_key",
+        "_wsignal",
+        "read",
+        "write",
+    )
+
+    def __init__(self, client: Client, name: str) -> None:
+        super().__init__(client, name)
+        key = self._key
+        self._fence_key = f"{key}:fence"
+        self._rel_key = f"{key}:rel"
+        self._wq_key = f"{key}:wq"
+        self._rq_key = f"{key}:rq"
+        self._wchannel = f"{key}:wch".encode()
+        self._wsignal = f"{key}:wsignal"
+        self._state_key = f"{key}:rw"
+        #: The shared side: many holders at once.
+        self.read = ReadLock(self)
+        #: The exclusive side.
+        self.write = WriteLock(self)
+
+    # -- local state ------------------------------------------------------------------------
+
+    def _local(self) -> _RWState | None:
+        state: _RWState | None = self._client._states.get(self._state_key)
+        return state
+
+    def _local_or_new(self) -> _RWState:
+        state = self._local()
+        if state is None:
+            state = self._client._states[self._state_key] = _RWState(self._client, self._state_key)
+        return state
+
+    def _writer_waiter(self) -> Waiter:
+        return self._client._waiter(self._wchannel, self._wsignal)
+
+    # -- keys and arguments of the scripts ---------------------------------------------
+
+    def _read_release_keys(self) -> tuple[str, ...]:
+        return (self._key, self._rel_key, self._wsignal)
+
+    def _write_release_keys(self) -> tuple[str, ...]:
+        return (self._key, self._rel_key, self._wq_key, self._rq_key, self._signal, self._wsignal)
+
+    def _unwait_keys(self) -> tuple[str, ...]:
+        return (self._wq_key, self._key, self._rq_key, self._signal, self._wsignal)
+
+    def _release_read_later(self, owner: str, token: int | str, nonce: str) -> None:
+        client = self._client
+        args = (owner, token, self._wchannel, nonce)
+        client._spawn(client._retry("rw_release_read", self._read_release_keys(), args))
+
+    def _release_write_later(self, owner: str, token: int | str, nonce: str) -> None:
+        client = self._client
+        args = (owner, token, self._channel, self._wchannel, nonce)
+        client._spawn(client._retry("rw_release_write", self._write_release_keys(), args))
+
+    def _unwait_later(self, owner: str, nonce: str) -> None:
+        client = self._client
+        args = (f"{owner}#{nonce}", self._channel, self._wchannel)
+        client._spawn(client._retry("rw_unwait", self._unwait_keys(), args))
+
+    # -- acquire ---------------------------------------------------------------------------
+
+    async def _acquire_read(self, timeout: float | None, lease: float | None) -> Lease:
+        client = self._client
+        loop = client._enter()
+        task = current_task()
+        state = self._local()
+        if state is not None:
+            held = state.reads.get(task)
+            if held is not None:
+                return held.new_lease()
+        state = self._local_or_new()
+        deadline = None if timeout is None else loop.time() + timeout
+        state.pending_reads += 1
+        try:
+            hold = await self._compete_read(state, task, lease, deadline)
+        finally:
+            state.pending_reads -= 1
+            state.drop_if_idle()
+        return hold.new_lease()
+
+    async def _compete_read(
+        self,
+        state: _RWState,
+        task: asyncio.Task[Any],
+        lease: float | None,
+        deadline: float | None,
+    ) -> Hold:
+        client = self._client
+        owner = client.owner(task)
+        lease_s = client.lease if lease is None else lease
+        keys = (self._key, self._fence_key, self._wq_key, self._rq_key)
+        nonce = str(next(_nonces))
+        args = (owner, to_ms(lease_s), client._retention_ms, client.id, nonce)
+        undo = functools.partial(_undo_read, self, owner, nonce)
+
+        async def attempt() -> tuple[int | None, float | None]:
+            reply = await client._eval("rw_acquire_read", keys, args, undo)
+            if int(reply[0]) == 1:
+                return int(reply[1]), None
+            return None, max(int(reply[1]), 1) / 1000.0
+
+        token, sent = await compete(
+            client,
+            what=f"read lock {self.name!r}",
+            deadline=deadline,
+            attempt=attempt,
+            waiter=self._waiter,
+            abandon=lambda: undo(None, RedisConnectionError("acquire abandoned")),
+            parked=state.set_reader_parked,
+        )
+        hold = Hold(
+            client,
+            self.name,
+            owner,
+            token,
+            task,
+            lease_s,
+            watchdog=lease is None,
+            expires_at=sent + lease_s,
+            release=(
+                "rw_release_read",
+                self._read_release_keys(),
+                (owner, token, self._wchannel, nonce),
+            ),
+            renew=("rw_renew", self._key, ("r", owner, token)),
+        )
+        hold.on_detach = state.hold_ended
+        state.reads[task] = hold
+        client._track(hold)
+        return hold
+
+    async def _acquire_write(self, timeout: float | None, lease: float | None) -> Lease:
+        client = self._client
+        loop = client._enter()
+        task = current_task()
+        state = self._local()
+        if state is not None:
+            held = state.hold
+            if held is not None and held.task is task:
+                return held.new_lease()
+            if task in state.reads:
+                raise LockUpgradeError(
+                    f"read-write lock {self.name!r}: this task holds the read lock and asked "
+                    "for the write lock, which would wait for itself for ever; release the "
+                    "read lock first (or take the write lock first, then read: a downgrade)"
+                )
+        state = self._local_or_new()
+        deadline = None if timeout is None else loop.time() + timeout
+        if state.busy:
+            await state.turn(deadline)
+        else:
+            state.busy = True
+        try:
+            hold = await self._compete_write(state, task, lease, deadline)
+        except BaseException:
+            state.pass_turn()
+            raise
+        return hold.new_lease()
+
+    async def _compete_write(
+        self,
+        state: _RWState,
+        task: asyncio.Task[Any],
+        lease: float | None,
+        deadline: float | None,
+    ) -> Hold:
+        client = self._client
+        loop = asyncio.get_running_loop()
+        owner = client.owner(task)
+        lease_s = client.lease if lease is None else lease
+        keys = (self._key, self._fence_key, self._wq_key)
+        lease_ms = to_ms(lease_s)
+        nonce = str(next(_nonces))
+        undo = functools.partial(_undo_write, self, owner, nonce)
+        entry = _WaitEntry(client, self._wq_key, f"{owner}#{nonce}")
+
+        async def attempt() -> tuple[int | None, float | None]:
+            sent = loop.time()
+            # Register as a waiting writer only if we may wait after this try.
+            wait_ms = client._lease_ms if deadline is None or deadline > sent else 0
+            args = (owner, lease_ms, client._retention_ms, wait_ms, nonce)
+            reply = await client._eval("rw_acquire_write", keys, args, undo)
+            code = int(reply[0])
+            if code == 1:
+                return int(reply[1]), None
+            if code == 2:
+                entry.added(sent)
+            return None, max(int(reply[1]), 1) / 1000.0
+
+        try:
+            token, sent = await compete(
+                client,
+                what=f"write lock {self.name!r}",
+                deadline=deadline,
+                attempt=attempt,
+                waiter=self._writer_waiter,
+                abandon=lambda: undo(None, RedisConnectionError("acquire abandoned")),
+                parked=state.set_competing,
+            )
+        except BaseException:
+            if entry.registered:
+                self._unwait_later(owner, nonce)
+            raise
+        finally:
+            entry.stop()
+        hold = Hold(
+            client,
+            self.name,
+            owner,
+            token,
+            task,
+            lease_s,
+            watchdog=lease is None,
+            expires_at=sent + lease_s,
+            release=(
+                "rw_release_write",
+                self._write_release_keys(),
+                (owner, token, self._channel, self._wchannel, nonce),
+            ),
+            renew=("rw_renew", self._key, ("w", owner, token)),
+        )
+        hold.on_detach = state.hold_ended
+        state.hold = hold
+        client._track(hold)
+        return hold
+
+    # -- queries shared by the views ------------------------------------------------------
+
+    async def _state(self) -> tuple[int, int, int]:
+        client = self._client
+        client._enter()
+        reply = await client._eval("rw_state", (self._key,), ())
+        return int(reply[0]), int(reply[1]), int(reply[2])
+
+    async def _force(self, what: str) -> bool:
+        client = self._client
+        client._enter()
+        keys = (self._key, self._wq_key, self._rq_key, self._signal, self._wsignal)
+        evicted = int(
+            await client._eval("rw_force_release", keys, (what, self._channel, self._wchannel))
+        )
+        state = self._local()
+        if state is not None:
+            lost: list[Hold] = []
+            if what in ("write", "all") and state.hold is not None:
+                lost.append(state.hold)
+            if what in ("read", "all"):
+                lost.extend(state.reads.values())
+            for hold in lost:
+                hold.mark_lost("force-released")
+        return evicted == 1
+
+    async def is_locked(self) -> bool:
+        """True if anyone (any client) holds the read or the write lock (one round trip)."""
+        writer_ms, readers, _ = await self._state()
+        return writer_ms != -2 or readers > 0
+
+    async def force_release(self) -> bool:
+        """Evict the writer and every reader, whoever they are; True if any was there.
+
+        Their leases are lost (at once in this Client, at their watchdog's next
+        renewal elsewhere). Waiting writers stay; fencing tokens keep increasing.
+        """
+        return await self._force("all")
+
+    def __repr__(self) -> str:
+        state = self._local()
+        if state is None:
+            return f"<ReadWriteLock {self.name!r} not held here>"
+        now = asyncio.get_event_loop().time()
+        parts = []
+        if state.hold is not None:
+            parts.append("write " + state.hold.describe(now))
+        if state.reads:
+            parts.append(f"{len(state.reads)} read holds here")
+        held = "; ".join(parts) or "not held here"
+        return f"<ReadWriteLock {self.name!r}: {held}, {state.waiting()} waiting>"
+
+
+class _Side(Acquirable[Lease]):
+    """What the two views share: the AsyncLock API over one side of the core."""
+
+    __slots__ = ("_core", "_entry_map", "name")
+
+    _kind = ""  # "r" or "w": the hold kind in the scripts
+    _what = ""  # "read" or "write"
+
+    def __init__(self, core: ReadWriteLock) -> None:
+        self._core = core
+        self.name = core.name
+        self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
+
+    def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
+        return self._entry_map
+
+    @property
+    def lock(self) -> ReadWriteLock:
+        """The read-write lock this is a side of."""
+        return self._core
+
+    def _my_hold(self) -> Hold | None:
+        raise NotImplementedError
+
+    async def release(self) -> None:
+        """Release the current task's most recent acquisition of this side.
+
+        Raises LockNotOwnedError if the current task does not hold it (or its
+        lease was lost). If cancelled while the release is on the wire, the
+        release still completes.
+        """
+        self._core._client._check_usable()
+        hold = self._my_hold()
+        if hold is None or not hold.leases:
+            raise LockNotOwnedError(
+                f"the {self._what} lock of {self.name!r} is not held by the current task; "
+                "release it from the task that acquired it, or call lease.release()"
+            )
+        await hold.leases[-1].release()
+
+    async def is_owned(self) -> bool:
+        """True if the current task holds this side, confirmed by Redis."""
+        client = self._core._client
+        client._enter()
+        hold = self._my_hold()
+        if hold is None:
+            return False
+        left = int(
+            await client._eval("rw_owned", (self._core._key,), (self._kind, hold.owner, hold.token))
+        )
+        if left == -2:
+            hold.mark_lost("the hold was gone when checked")
+            return False
+        return True
+
+    async def hold_count(self) -> int:
+        """How many times the current task holds this side (0 if not). No round trip."""
+        self._core._client._enter()
+        hold = self._my_hold()
+        return hold.count if hold is not None else 0
+
+    async def force_release(self) -> bool:
+        """Evict every holder of this side, whoever they are; True if there was one.
+
+        The evicted leases are lost (at once in this Client, at their
+        watchdog's next renewal elsewhere). Fencing tokens keep increasing.
+        """
+        return await self._core._force(self._what)
+
+    def __repr__(self) -> str:
+        state = self._core._local()
+        hold = self._my_hold_any(state)
+        held = (
+            hold.describe(asyncio.get_event_loop().time()) if hold is not None else "not held here"
+        )
+        waiting = state.waiting() if state is not None else 0
+        return f"<{type(self).__name__} {held}, {waiting} waiting>"
+
+    def _my_hold_any(self, state: _RWState | None) -> Hold | None:
+        raise NotImplementedError
+
+
+class ReadLock(_Side):
+    """The shared side of a :class:`ReadWriteLock`: ``rw.read``.
+
+    Many tasks of many Clients may hold it at once, unless a writer holds
+    the lock or waits for it (writers are not starved). Reentrant per task
+    without a round trip. The writer may take it too (a downgrade). See
+    :class:`ReadWriteLock` for releasing, leases, cancellation and fencing.
+    """
+
+    __slots__ = ()
+
+    _kind = "r"
+    _what = "read"
+
+    async def _acquire(self, timeout: float | None, lease: float | None) -> Lease:
+        return await self._core._acquire_read(timeout, lease)
+
+    def _my_hold(self) -> Hold | None:
+        state = self._core._local()
+        task = asyncio.current_task()
+        if state is None or task is None:
+            return None
+        return state.reads.get(task)
+
+    def _my_hold_any(self, state: _RWState | None) -> Hold | None:
+        if state is None or not state.reads:
+            return None
+        return next(iter(state.reads.values()))
+
+    async def is_locked(self) -> bool:
+        """True if anyone (any client) holds the read lock right now (one round trip)."""
+        _, readers, _ = await self._core._state()
+        return readers > 0
+
+    async def remaining_ttl(self) -> float | None:
+        """Seconds until the last read hold expires unless renewed; None if nobody reads."""
+        _, readers, readers_ms = await self._core._state()
+        if readers == 0 or readers_ms < 0:
+            return None
+        return readers_ms / 1000.0
+
+
+class WriteLock(_Side):
+    """The exclusive side of a :class:`ReadWriteLock`: ``rw.write``.
+
+    One holder at a time, and no reader meanwhile (except the writer itself,
+    which may take the read lock: a downgrade). Reentrant per task without a
+    round trip. A task that holds only the read lock gets LockUpgradeError
+    at once. Writers of one Client queue FIFO; a writer that finds readers
+    stops new readers from entering until it is in. See
+    :class:`ReadWriteLock` for releasing, leases, cancellation and fencing.
+    """
+
+    __slots__ = ()
+
+    _kind = "w"
+    _what = "write"
+
+    async def _acquire(self, timeout: float | None, lease: float | None) -> Lease:
+        return await self._core._acquire_write(timeout, lease)
+
+    def _my_hold(self) -> Hold | None:
+        state = self._core._local()
+        if state is None or state.hold is None:
+            return None
+        return state.hold if state.hold.task is asyncio.current_task() else None
+
+    def _my_hold_any(self, state: _RWState | None) -> Hold | None:
+        return state.hold if state is not None else None
+
+    async def is_locked(self) -> bool:
+        """True if anyone (any client) holds the write lock right now (one round trip)."""
+        writer_ms, _, _ = await self._core._state()
+        return writer_ms != -2
+
+    async def remaining_ttl(self) -> float | None:
+        """Seconds until the write hold expires unless renewed; None if nobody writes."""
+        writer_ms, _, _ = await self._core._state()
+        if writer_ms < 0:
+            return None
+        return writer_ms / 1000.0
+
+
+def _undo_read(
+    core: ReadWriteLock, owner: str, nonce: str, reply: Any, error: BaseException | None
+) -> None:
+    """A read acquire's caller gave up before reading the reply: undo what it did."""
+    if error is None:
+        if reply and int(reply[0]) == 1:
+            core._release_read_later(owner, int(reply[1]), nonce)
+    elif not isinstance(error, ResponseError):
+        core._release_read_later(owner, "", nonce)  # unknown whether it ran
+
+
+def _undo_write(
+    core: ReadWriteLock, owner: str, nonce: str, reply: Any, error: BaseException | None
+) -> None:
+    """A write acquire's caller gave up before reading the reply: undo what it did."""
+    if error is None:
+        code = int(reply[0]) if reply else 0
+        if code == 1:
+            core._release_write_later(owner, int(reply[1]), nonce)
+        elif code == 2:
+            core._unwait_later(owner, nonce)
+    elif not isinstance(error, ResponseError):
+        # Unknown whether it ran: drop this call's write hold and waiting entry, if any.
+        core._release_write_later(owner, "", nonce)

@@ -1,0 +1,58 @@
+"""The Lua scripts, one ``.lua`` file per operation under ``aiolock/scripts``.
+
+Each file starts with its contract: KEYS, ARGV and the return value. A line
+``--@include _x.lua`` is replaced by that file's text, so a snippet shared by
+several scripts (the fencing counter) is written once. Script objects belong
+to one Client: it loads them with SCRIPT LOAD on first use, runs them with
+EVALSHA, and reloads on NOSCRIPT (after a restart, a failover or SCRIPT FLUSH).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+
+__all__ = ["Script", "load_scripts", "script_names"]
+
+
+@functools.cache
+def _source(filename: str) -> str:
+    text = resources.files("aiolock").joinpath("scripts", filename).read_text("utf-8")
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("--@include "):
+            lines.append(_source(line.split(None, 1)[1].strip()))
+        else:
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """One Lua script: its name, source and SHA1 (what EVALSHA needs)."""
+
+    name: str
+    source: str
+    sha: str
+
+    @classmethod
+    def from_file(cls, name: str) -> Script:
+        source = _source(f"{name}.lua")
+        return cls(name, source, hashlib.sha1(source.encode("utf-8")).hexdigest())
+
+
+def script_names() -> list[str]:
+    """Every operation under aiolock/scripts (files starting with _ are snippets)."""
+    folder = resources.files("aiolock").joinpath("scripts")
+    return sorted(
+        entry.name[: -len(".lua")]
+        for entry in folder.iterdir()
+        if entry.name.endswith(".lua") and not entry.name.startswith("_")
+    )
+
+
+def load_scripts(*names: str) -> dict[str, Script]:
+    """Fresh Script objects for one Client (all of them when no name is given)."""
+    return {name: Script.from_file(name) for name in names or script_names()}

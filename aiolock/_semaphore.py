@@ -1,0 +1,517 @@
+"""Semaphore: at most N permits held at once, every permit a lease.
+
+Redisson's RSemaphore keeps a bare counter: a holder that crashes never
+gives its permits back. Here every acquisition is a *hold* of its own, with
+its own fencing token and its own lease, recorded in Redis as a member
+``"<permits>|<holder id>"`` of a sorted set scored by its expiry (server
+clock). Every script run first purges the expired members, so a crashed
+holder's permits come back within its lease, however the crash happened.
+The layout and the claim rule are described in ``scripts/_sem.lua``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+
+from redis.exceptions import ResponseError
+
+from ._errors import InvalidArgumentError, InvalidArgumentTypeError, LockNotOwnedError
+from ._lease import Hold, Lease
+from ._primitive import (
+    LockContext,
+    LockLike,
+    OnLost,
+    Primitive,
+    _Entry,
+    check_on_lost,
+    compete,
+    current_task,
+)
+from ._validate import check_lease, check_timeout, to_ms
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = ["MAX_PERMITS", "Permit", "Semaphore"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: The largest N (and the most permits one acquisition may ask for).
+MAX_PERMITS = 2**31 - 1
+
+# Acquisition serials: with the Client id and the task serial they make every
+# holder id unique, so a retried or undone script never touches another hold.
+_acquisitions = itertools.count(1)
+
+
+def check_permits(value: object, what: str = "permits") -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        hint = " (to wait, pass wait=...)" if isinstance(value, float) else ""
+        raise InvalidArgumentTypeError(
+            f"{what} must be an int, got {type(value).__name__}: {value!r}{hint}"
+        )
+    if not 1 <= value <= MAX_PERMITS:
+        raise InvalidArgumentError(f"{what} must be between 1 and {MAX_PERMITS}, got {value!r}")
+    return value
+
+
+class Permit(Lease):
+    """The :class:`Lease` of one semaphore acquisition: ``permits`` of them.
+
+    ``release()`` gives back exactly these permits, from any task, once
+    (idempotent). ``fencing_token``, ``lost``, ``extend()`` and ``on_lost()``
+    work as for a lock.
+    """
+
+    __slots__ = ("_permits",)
+
+    def __init__(self, hold: Hold, permits: int) -> None:
+        super().__init__(hold)
+        self._permits = permits
+
+    @property
+    def permits(self) -> int:
+        """How many permits this acquisition holds."""
+        return self._permits
+
+    def __repr__(self) -> str:
+        hold = self._hold
+        state = "released" if self._released else ("lost" if hold.lost else "held")
+        return f"<Permit {hold.name!r} x{self._permits} token={hold.token} {state}>"
+
+
+class _SemState:
+    """One semaphore name in one Client: its local holds and parked tasks."""
+
+    __slots__ = ("active", "client", "held", "key", "parked")
+
+    def __init__(self, client: Client, key: str) -> None:
+        self.client = client
+        self.key = key
+        self.held: dict[Hold, None] = {}
+        self.active = 0  # tasks inside acquire
+        self.parked = 0  # of which registered as waiters
+
+    def holds(self) -> list[Hold]:
+        return list(self.held)
+
+    def waiting(self) -> int:
+        return self.parked
+
+    def set_parked(self, value: bool) -> None:
+        self.parked += 1 if value else -1
+
+    def hold_ended(self, hold: Hold) -> None:
+        self.held.pop(hold, None)
+        self.drop_if_idle()
+
+    def drop_if_idle(self) -> None:
+        if not self.held and not self.active and self.client._states.get(self.key) is self:
+            del self.client._states[self.key]
+
+    def close(self) -> None:
+        return None  # parked tasks are failed by their channel or by compete()
+
+
+class SemaphoreContext(LockContext[Permit]):
+    """``sem(permits=..., timeout=..., lease=..., on_lost=...)``: context manager, decorator."""
+
+    __slots__ = ("_permits", "_sem")
+
+    def __init__(
+        self,
+        sem: Semaphore,
+        permits: int,
+        timeout: float | None,
+        lease: float | None,
+        on_lost: OnLost,
+    ) -> None:
+        super().__init__(sem, timeout, lease, on_lost)
+        self._sem = sem
+        self._permits = permits
+
+    async def __aenter__(self) -> Permit:
+        return await self._sem._enter_permits(
+            self._permits, self._timeout, self._lease, self._on_lost
+        )
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._sem._exit_ctx(exc_type, exc)
+
+
+class Semaphore(Primitive, LockLike[Permit]):
+    """A distributed semaphore: at most N permits held at once, across all Clients.
+
+    ``client.semaphore(name, permits)``; ``permits`` is the N the semaphore
+    gets on first use (N lives in Redis; change it with :meth:`set_permits`).
+
+    * **Every permit is a lease.** Each acquisition is its own hold, with its
+      own fencing token (strictly increasing per name) and its own lease:
+      renewed by the watchdog when ``lease=None``, fixed otherwise. When a
+      holder crashes (or its lease is lost), its permits come back by
+      themselves once its lease expires: every script run purges expired
+      holders by the server's clock.
+    * **Who may release:** the returned :class:`Permit`, from any task
+      (``permit.release()`` gives back exactly what it took, once); or
+      ``sem.release()``, which releases the current task's most recent
+      acquisition.
+    * **Not reentrant:** a semaphore counts permits, not owners. A task that
+      acquires twice holds two acquisitions and must release both; it can
+      deadlock itself by asking for more than is left.
+    * **Wake-ups:** a release of k permits wakes k waiting tasks per Client
+      (``notify`` mode permitting). Expired holders purged by any call wake
+      waiters too; without any message a waiter re-checks when the first
+      holder's lease would expire (at most every ``client.lease``).
+    * **Fairness:** none is promised, locally or across Clients, except that
+      a waiter asking for many permits is not starved by a stream of small
+      ones: the waiter that has waited longest (on any Client) holds a
+      *claim* on its permits; while the claim lives, others are granted
+      only what leaves room for the claimant. An older waiter takes the
+      claim over on its next try, so a stream of small waiters that retry
+      often cannot keep it from a big one. The claimant refreshes its claim
+      on every try (at least every ``client.lease / 2``); a claimant that
+      crashed blocks the room it claimed for at most one ``client.lease``;
+      a cancelled or timed-out claimant drops its claim at once.
+    * **Bad input:** ``permits`` must be an int from 1 to MAX_PERMITS
+      (checked before any round trip). Asking for more than N (which lives
+      in Redis and may change) raises InvalidArgumentError after the first
+      try, and also for a waiter when N is lowered below what it asks for.
+    * **Lost leases:** ``lease.lost`` turns true and ``on_lost`` callbacks
+      run; inside ``async with`` the body is cancelled and LockLostError is
+      raised (unless ``on_lost="ignore"``).
+    * **Cancellation:** an acquire cancelled at any await, even after Redis
+      granted it but before the reply was read, leaves no hold, claim or
+      waiter behind; a cancelled release still completes.
+    * **Keys:** everything has a TTL, and an idle semaphore (nothing held,
+      nobody claiming) whose N is the one given to the constructor has no
+      key at all but its fencing counter (and, for 120 s after a release,
+      the record that makes a retried release idempotent). An N changed by
+      :meth:`set_permits` is kept for the Client's fence retention (24 h)
+      after the last call that touched the semaphore, and at least as long
+      as its last holder's lease; then the semaphore starts again from the
+      N given to the constructor. (Clients that construct the same name
+      with different N see the N of whoever used it first since it was
+      idle.)
+    """
+
+    __slots__ = (
+        "_entry_map",
+        "_fence_key",
+        "_holders_key",
+        "_permits",
+        "_released_key",
+        "_state_key",
+    )
+
+    def __init__(self, client: Client, name: str, permits: int) -> None:
+        super().__init__(client, name)
+        self._permits = check_permits(permits)
+        self._holders_key = f"{self._key}:h"
+        self._released_key = f"{self._key}:r"
+        self._fence_key = f"{self._key}:fence"
+        self._state_key = f"{self._key}:sem"
+        self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
+
+    def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
+        return self._entry_map
+
+    @property
+    def permits(self) -> int:
+        """The N this object gives the semaphore on first use (or last set through it).
+
+        No round trip: the N in Redis may differ (see :meth:`get_permits`).
+        """
+        return self._permits
+
+    # -- acquire ------------------------------------------------------------------------
+
+    async def acquire(
+        self, permits: int = 1, *, timeout: float | None = None, lease: float | None = None
+    ) -> Permit:
+        """Wait for ``permits`` permits and return a :class:`Permit` that holds them.
+
+        ``timeout``: seconds to wait at most (None: for ever); raises
+        LockTimeoutError (a TimeoutError) when it runs out. ``lease``: a
+        fixed lease in seconds with no renewal (None: the watchdog renews it).
+        """
+        return await self._acquire_permits(
+            check_permits(permits), check_timeout(timeout), check_lease(lease)
+        )
+
+    async def try_acquire(
+        self, permits: int = 1, *, wait: float = 0.0, lease: float | None = None
+    ) -> Permit | None:
+        """Acquire if possible within ``wait`` seconds (default: one try, no waiting).
+
+        Returns the Permit, or None if not enough permits came free.
+        """
+        checked = check_permits(permits)
+        checked_wait = check_timeout(wait, "wait")
+        checked_lease = check_lease(lease)
+        try:
+            return await self._acquire_permits(checked, checked_wait, checked_lease)
+        except TimeoutError:
+            return None
+
+    async def _acquire(self, timeout: float | None, lease: float | None) -> Permit:
+        return await self._acquire_permits(1, timeout, lease)
+
+    async def _acquire_permits(
+        self, permits: int, timeout: float | None, lease: float | None
+    ) -> Permit:
+        client = self._client
+        loop = client._enter()
+        task = current_task()
+        state: _SemState | None = client._states.get(self._state_key)
+        if state is None:
+            state = client._states[self._state_key] = _SemState(client, self._state_key)
+        deadline = None if timeout is None else loop.time() + timeout
+        state.active += 1
+        try:
+            return await self._compete(state, task, permits, lease, deadline)
+        finally:
+            state.active -= 1
+            state.drop_if_idle()
+
+    def _release_keys(self) -> tuple[str, str, str, str]:
+        return (self._key, self._holders_key, self._released_key, self._signal)
+
+    async def _compete(
+        self,
+        state: _SemState,
+        task: asyncio.Task[Any],
+        permits: int,
+        lease: float | None,
+        deadline: float | None,
+    ) -> Permit:
+        client = self._client
+        # A try that will not wait takes no claim (it would only hold others back).
+        timeout_allows_wait = deadline is None or deadline > asyncio.get_running_loop().time()
+        owner = client.owner(task)
+        member = f"{permits}|{owner}:{next(_acquisitions)}"
+        lease_s = client.lease if lease is None else lease
+        keys = (self._key, self._holders_key, self._fence_key, self._signal)
+        claim_ms = client._lease_ms if timeout_allows_wait else 0
+        since_ms = 0  # when this acquisition first failed, by the server's clock
+
+        release_keys = self._release_keys()
+        release_args = (member, self._permits, client._retention_ms, self._channel)
+        claimed = False
+
+        def cleanup() -> None:
+            # Return whatever this member may hold, and drop its claim.
+            if not client._closed:
+                client._spawn(client._retry("sem_release", release_keys, release_args))
+
+        def undo(reply: Any, error: BaseException | None) -> None:
+            """The reply of an attempt was lost to a timeout or a cancellation."""
+            if error is None:
+                if reply and (int(reply[0]) == 1 or (int(reply[0]) == 0 and int(reply[2]) == 1)):
+                    cleanup()
+            elif not isinstance(error, ResponseError):
+                cleanup()  # unknown whether it ran
+
+        async def attempt() -> tuple[int | None, float | None]:
+            nonlocal claimed, since_ms
+            args = (
+                member,
+                self._permits,
+                to_ms(lease_s),
+                client._retention_ms,
+                self._channel,
+                claim_ms,
+                since_ms,
+            )
+            reply = await client._eval("sem_acquire", keys, args, undo)
+            code = int(reply[0])
+            if code == 1:
+                return int(reply[1]), None
+            if code == -1:
+                raise InvalidArgumentError(
+                    f"semaphore {self.name!r} has {int(reply[1])} permits in all; "
+                    f"{permits} can never be acquired at once"
+                )
+            wait_ms = int(reply[1])
+            since_ms = int(reply[3])
+            bound = client.lease
+            if int(reply[2]) == 1:
+                claimed = True
+                bound = client.lease / 2  # refresh the claim before it lapses
+            elif claimed:
+                claimed = False  # our claim lapsed and another waiter took it
+            if wait_ms > 0:
+                bound = min(bound, wait_ms / 1000.0)
+            return None, bound
+
+        try:
+            token, sent = await compete(
+                client,
+                what=f"{permits} permit(s) of semaphore {self.name!r}",
+                deadline=deadline,
+                attempt=attempt,
+                waiter=self._waiter,
+                abandon=cleanup,
+                parked=state.set_parked,
+            )
+        except BaseException:
+            if claimed:
+                cleanup()
+            raise
+        hold = Hold(
+            client,
+            self.name,
+            owner,
+            token,
+            task,
+            lease_s,
+            watchdog=lease is None,
+            expires_at=sent + lease_s,
+            release=("sem_release", release_keys, release_args),
+            renew=("sem_renew", self._holders_key, (member,)),
+        )
+        permit = Permit(hold, permits)
+        hold.leases.append(permit)
+        hold.on_detach = state.hold_ended
+        state.held[hold] = None
+        client._track(hold)
+        return permit
+
+    # -- async with ------------------------------------------------------------------------
+
+    @overload
+    def __call__(self, fn: Callable[P, Awaitable[R]], /) -> Callable[P, Awaitable[R]]: ...
+
+    @overload
+    def __call__(
+        self,
+        fn: None = None,
+        /,
+        *,
+        permits: int = 1,
+        timeout: float | None = None,
+        lease: float | None = None,
+        on_lost: OnLost = "cancel",
+    ) -> SemaphoreContext: ...
+
+    def __call__(
+        self,
+        fn: Callable[P, Awaitable[R]] | None = None,
+        /,
+        *,
+        permits: int = 1,
+        timeout: float | None = None,
+        lease: float | None = None,
+        on_lost: OnLost = "cancel",
+    ) -> Callable[P, Awaitable[R]] | SemaphoreContext:
+        """``async with sem(permits=2, timeout=..., lease=..., on_lost=...)``; ``@sem(...)``."""
+        context = SemaphoreContext(
+            self,
+            check_permits(permits),
+            check_timeout(timeout),
+            check_lease(lease),
+            check_on_lost(on_lost),
+        )
+        if fn is None:
+            return context
+        return context(fn)
+
+    async def _enter_permits(
+        self, permits: int, timeout: float | None, lease: float | None, on_lost: OnLost
+    ) -> Permit:
+        got = await self._acquire_permits(permits, timeout, lease)
+        task = current_task()
+        entry = _Entry(got, task, on_lost)
+        self._entry_map.setdefault(task, []).append(entry)
+        got._watch(entry)
+        return got
+
+    # -- release ---------------------------------------------------------------------------
+
+    async def release(self) -> None:
+        """Release the current task's most recent acquisition still held here.
+
+        An acquisition whose lease was lost is gone already (its loss was
+        reported: LockLostError, ``on_lost``), so it is skipped. Raises
+        LockNotOwnedError if the current task holds none. If cancelled while
+        the release is on the wire, the release still completes.
+        """
+        self._client._check_usable()
+        state: _SemState | None = self._client._states.get(self._state_key)
+        task = asyncio.current_task()
+        if state is not None:
+            for hold in reversed(list(state.held)):
+                if hold.task is task and hold.leases:
+                    await hold.leases[-1].release()
+                    return
+        raise LockNotOwnedError(
+            f"semaphore {self.name!r}: the current task holds no permits; "
+            "release them from the task that acquired them, or call permit.release()"
+        )
+
+    # -- N and queries -------------------------------------------------------------------------
+
+    async def _state(self) -> tuple[int, int]:
+        client = self._client
+        client._enter()
+        reply = await client._eval(
+            "sem_state",
+            (self._key, self._holders_key, self._signal),
+            (self._permits, client._retention_ms, self._channel),
+        )
+        return int(reply[0]), int(reply[1])
+
+    async def available(self) -> int:
+        """Permits free right now (N minus those in use; 0 if N was lowered below that).
+
+        A pending claim (see the class docstring) is not subtracted.
+        """
+        n, used = await self._state()
+        return max(0, n - used)
+
+    async def get_permits(self) -> int:
+        """N, as Redis has it (initialised to this object's ``permits`` on first use)."""
+        n, _ = await self._state()
+        return n
+
+    async def in_use(self) -> int:
+        """Permits held right now, by every Client (expired holders not counted)."""
+        _, used = await self._state()
+        return used
+
+    async def set_permits(self, permits: int) -> None:
+        """Change N, safely while permits are held.
+
+        Holders keep their permits; after lowering N, new acquisitions wait
+        until the permits in use plus theirs fit in the new N; raising N
+        wakes waiters. A waiter that asks for more than the new N gets
+        InvalidArgumentError. This object's ``permits`` becomes the new N too.
+        """
+        n = check_permits(permits)
+        client = self._client
+        client._enter()
+        await client._eval(
+            "sem_set_permits",
+            (self._key, self._holders_key, self._signal),
+            (n, self._permits, client._retention_ms, self._channel),
+        )
+        self._permits = n
+
+    def __repr__(self) -> str:
+        state: _SemState | None = self._client._states.get(self._state_key)
+        if state is None:
+            return f"<Semaphore {self.name!r} N={self._permits}, nothing held here>"
+        held = sum(p.permits for h in state.held for p in h.leases if isinstance(p, Permit))
+        return (
+            f"<Semaphore {self.name!r} N={self._permits}, {held} permit(s) in "
+            f"{len(state.held)} hold(s) here, {state.parked} waiting>"
+        )

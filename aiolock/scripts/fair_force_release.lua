@@ -1,0 +1,16 @@
+-- fair_force_release: delete the fair lock whoever holds it, and hand it to
+-- the next live waiter.
+--
+-- KEYS[1]  lock hash    <prefix>:{<name>}
+-- KEYS[2]  fence hash   <prefix>:{<name>}:fence
+-- KEYS[3]  queue zset   <prefix>:{<name>}:q      (layout: _fair_queue.lua)
+-- ARGV[1]  retention_ms TTL of the fence hash
+-- ARGV[2]  channel prefix  <prefix>:{<name>}:ch:
+-- ARGV[3]  signal prefix   <prefix>:{<name>}:sig:  (undeclared list key, same slot)
+--
+-- Returns 1 if a hold was deleted, 0 if the lock was free. The evicted hold is
+-- not recorded as released, so its owner's release reports "not owned".
+--@include _fair_queue.lua
+local deleted = redis.call('DEL', KEYS[1])
+fair_settle(KEYS[1], KEYS[2], KEYS[3], fair_now(), ARGV[1], ARGV[2], ARGV[3])
+return deleted

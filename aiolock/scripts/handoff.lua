@@ -1,0 +1,41 @@
+-- handoff: release a lock and, in the same call, hand it to the next waiting
+-- task of the same Client (cohort locking), unless others must get a turn.
+--
+-- KEYS[1]  lock hash    <prefix>:{<name>}
+-- KEYS[2]  fence hash   <prefix>:{<name>}:fence
+-- KEYS[3]  signal list  <prefix>:{<name>}:signal
+-- ARGV[1]  owner        the releasing hold's owner
+-- ARGV[2]  token        the releasing hold's fencing token
+-- ARGV[3]  next_owner   the local waiter to hand the lock to
+-- ARGV[4]  next_ms      the TTL of the handed hold (the waiter's lease)
+-- ARGV[5]  retention_ms TTL of the fence hash
+-- ARGV[6]  yield        "1" if this Client handed the lock over many times in a
+--                       row: then, if another Client's task is waiting (the
+--                       acquire script flags the lock hash with "~w"), release
+--                       normally instead, so that the other Client gets a turn
+-- ARGV[7]  channel      pub/sub channel of the lock
+-- ARGV[8]  reserve      fencing tokens to reserve for this Client (see _fence.lua)
+--
+-- Returns {1, token} when the lock was handed over: next_owner holds it with a
+--   new fencing token, nobody is woken (the lock stayed held).
+-- Returns {2} when it was released as release.lua would (deleted, waiters woken).
+-- Returns {0} when the owner no longer held it (expired or force-released).
+-- Either way (1 or 2) the fence hash records the token as released, so a
+-- retried plain release of the same hold answers 2 ("already released").
+--@include _fence.lua
+--@include _notify.lua
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 or redis.call('HGET', KEYS[1], '~fence') ~= ARGV[2] then
+    return {0}
+end
+redis.call('HSET', KEYS[2], 'r', ARGV[2])
+if ARGV[6] == '1' and redis.call('HEXISTS', KEYS[1], '~w') == 1 then
+    redis.call('DEL', KEYS[1])
+    redis.call('PEXPIRE', KEYS[2], ARGV[5])
+    notify(ARGV[7], KEYS[3], '1', 1)
+    return {2}
+end
+local token = next_token(KEYS[2], ARGV[5], ARGV[8])
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[3], 1, '~fence', string.format('%d', token))
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return {1, token}

@@ -1,0 +1,15 @@
+-- latch_set: start a count-down latch, unless it is already counting.
+--
+-- KEYS[1]  latch hash  <prefix>:{<name>}   fields: c -> count (absent: zero, open),
+--                                          g -> generation (how many times it opened)
+-- ARGV[1]  count         >= 1
+-- ARGV[2]  retention_ms  TTL of the latch hash
+--
+-- Returns 1 if the count was set, 0 if the latch was already counting
+-- (unchanged). The TTL is (re)set to retention_ms either way: see latch_down.
+if redis.call('HEXISTS', KEYS[1], 'c') == 1 then
+    return 0
+end
+redis.call('HSET', KEYS[1], 'c', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1

@@ -1,0 +1,37 @@
+-- release: end one owner's hold, idempotently, and wake a waiter.
+--
+-- KEYS[1]  lock hash    <prefix>:{<name>}
+-- KEYS[2]  fence hash   <prefix>:{<name>}:fence
+-- KEYS[3]  signal list  <prefix>:{<name>}:signal   (list-mode wake-ups, see _notify.lua)
+-- ARGV[1]  owner        "<client id>:<task serial>"
+-- ARGV[2]  token        fencing token of the hold, or "" for "whatever hold this owner has"
+--                       (used to undo an acquire whose reply was lost)
+-- ARGV[3]  channel      pub/sub channel of the lock; "1" (wake one) is sent on release
+-- ARGV[4]  retention_ms TTL of the fence hash
+--
+-- Returns 1 if this call released the hold (the lock hash is deleted).
+-- Returns 2 if the hold was already released by an earlier call with the same
+--   owner and token (a retry after a lost reply): nothing changes.
+-- Returns 0 if the owner does not hold the lock (expired, force-released, or
+--   taken by another owner since): nothing changes.
+--@include _notify.lua
+local holder = redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
+local token = ARGV[2]
+if holder and token ~= '' and redis.call('HGET', KEYS[1], '~fence') ~= token then
+    holder = false
+end
+if holder then
+    token = redis.call('HGET', KEYS[1], '~fence')
+    redis.call('DEL', KEYS[1])
+    redis.call('HSET', KEYS[2], 'r', token)
+    if tonumber(redis.call('HGET', KEYS[2], 't') or '0') < tonumber(token) then
+        redis.call('HSET', KEYS[2], 't', token)
+    end
+    redis.call('PEXPIRE', KEYS[2], ARGV[4])
+    notify(ARGV[3], KEYS[3], '1', 1)
+    return 1
+end
+if token ~= '' and redis.call('HGET', KEYS[2], 'r') == token then
+    return 2
+end
+return 0

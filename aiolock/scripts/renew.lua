@@ -1,0 +1,25 @@
+-- renew: the watchdog's batch renewal of many lock holds in one call; also extend().
+--
+-- KEYS[i]      lock hash of the i-th hold   <prefix>:{<name>}
+-- ARGV[1]      lease_ms  each hold still ours is made to last at least this long
+-- ARGV[2i]     owner of the i-th hold
+-- ARGV[2i+1]   fencing token of the i-th hold
+--
+-- Returns an array with one integer per key: 1 if the hold was still this
+-- owner's (same token) and now has a TTL of at least lease_ms (never
+-- shortened), 0 if it is gone (expired, force-released or taken): lost.
+local result = {}
+local lease_ms = tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+    local owner = ARGV[2 * i]
+    local token = ARGV[2 * i + 1]
+    if redis.call('HEXISTS', key, owner) == 1 and redis.call('HGET', key, '~fence') == token then
+        if redis.call('PTTL', key) < lease_ms then
+            redis.call('PEXPIRE', key, lease_ms)
+        end
+        result[i] = 1
+    else
+        result[i] = 0
+    end
+end
+return result

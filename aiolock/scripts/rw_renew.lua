@@ -1,0 +1,33 @@
+-- rw_renew: the watchdog's batch renewal of read and write holds; also extend().
+--
+-- KEYS[i]      lock hash of the i-th hold   <prefix>:{<name>}  (layout: _rw_common.lua)
+-- ARGV[1]      lease_ms: each hold still ours is made to last at least this long
+-- ARGV[3i-1]   kind of the i-th hold: "r" (read) or "w" (write)
+-- ARGV[3i]     owner of the i-th hold
+-- ARGV[3i+1]   fencing token of the i-th hold
+--
+-- Returns one integer per key: 1 if the hold is still this owner's (same
+-- token, not expired) and now lasts at least lease_ms (never shortened), 0 if
+-- it is gone (expired, force-released): lost.
+--@include _rw_common.lua
+local now = rw_now()
+local lease = tonumber(ARGV[1])
+local result = {}
+for i, key in ipairs(KEYS) do
+    local kind, owner, token = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
+    local ours, field
+    if kind == 'w' then
+        field = 'wx'
+        ours = redis.call('HGET', key, 'w') == owner and redis.call('HGET', key, 'wt') == token
+    else
+        field = 'x:' .. owner
+        ours = redis.call('HGET', key, 'r:' .. owner) == token
+    end
+    if ours and tonumber(redis.call('HGET', key, field) or '0') > now then
+        rw_extend(key, field, now, lease)
+        result[i] = 1
+    else
+        result[i] = 0
+    end
+end
+return result

@@ -1,0 +1,24 @@
+-- rw_renew_wait: the watchdog's batch renewal of waiting-writer entries.
+--
+-- KEYS[i]      waiting writers of the i-th entry   <prefix>:{<name>}:wq
+--              (zset "<owner>#<nonce>" -> expiry ms)
+-- ARGV[1]      wait_ms: each entry still there is made to last at least this long
+-- ARGV[i+1]    the i-th entry, "<owner>#<nonce>"
+--
+-- Returns one integer per key: 1 if the entry was still there (not expired)
+-- and now lasts at least wait_ms (never shortened), 0 if it is gone.
+--@include _rw_common.lua
+local now = rw_now()
+local ms = tonumber(ARGV[1])
+local result = {}
+for i, key in ipairs(KEYS) do
+    local owner = ARGV[i + 1]
+    local expiry = tonumber(redis.call('ZSCORE', key, owner) or '0')
+    if expiry > now then
+        rw_zkeep(key, owner, now + ms, now)
+        result[i] = 1
+    else
+        result[i] = 0
+    end
+end
+return result

@@ -1,0 +1,32 @@
+-- sem_renew: the watchdog's batch renewal of semaphore holds; also extend().
+--
+-- KEYS[i]    holder zset of the i-th hold   <prefix>:{<name>}:h   (see _sem.lua)
+-- ARGV[1]    lease_ms  each hold still alive is made to last at least this long
+-- ARGV[i+1]  member of the i-th hold        "<permits>|<holder id>"
+--
+-- Returns one integer per key: 1 if the member still holds (its expiry is now
+-- at least now + lease_ms, never shortened, and the zset lives at least as
+-- long), 0 if it is gone or already expired (lost; never revived).
+local result = {}
+local lease_ms = tonumber(ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i, key in ipairs(KEYS) do
+    local member = ARGV[i + 1]
+    local score = tonumber(redis.call('ZSCORE', key, member))
+    if score and score > now then
+        local want = now + lease_ms
+        if score < want then
+            redis.call('ZADD', key, 'XX', want, member)
+            score = want
+        end
+        local pttl = redis.call('PTTL', key)
+        if pttl >= 0 and pttl < score - now + 1000 then
+            redis.call('PEXPIRE', key, score - now + 1000)
+        end
+        result[i] = 1
+    else
+        result[i] = 0
+    end
+end
+return result
