@@ -1,0 +1,241 @@
+"""The cancellation contract, at every await of acquire and release.
+
+An acquire cancelled anywhere leaves no hold and no waiter; a cancelled
+release still completes; a delivered cancellation is never swallowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from aiolock import Client, Lease
+from aiolock._listener import Channel
+from tests.core_util import assert_clean, eventually
+from tests.servers import RedisServer
+
+
+@pytest.fixture
+async def client(url: str) -> AsyncIterator[Client]:
+    async with Client.from_url(url, prefix="c", lease=5) as c:
+        yield c
+
+
+@pytest.fixture
+async def other(url: str) -> AsyncIterator[Client]:
+    async with Client.from_url(url, prefix="c", lease=5) as c:
+        yield c
+
+
+async def test_cancel_after_script_ran_before_reply_read(
+    client: Client, server: RedisServer
+) -> None:
+    """Redis granted the lock, but the task was cancelled before it read the reply."""
+    lock = client.lock("late")
+    await lock.is_locked()  # connect first
+    task = asyncio.create_task(lock.acquire())
+    await asyncio.sleep(0)  # the acquire is now on the wire
+    time.sleep(0.1)  # noqa: ASYNC251 (block the loop: the reply arrives, unread)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert server.execute("EXISTS", "c:{late}:fence") == 1, "the script did run"
+    await assert_clean(client)
+    assert server.execute("EXISTS", "c:{late}") == 0, "the undo released the hold"
+
+
+async def test_cancel_while_queued_locally(client: Client) -> None:
+    lock = client.lock("q")
+    held = await lock.acquire()
+    waiters = [asyncio.create_task(lock.acquire()) for _ in range(5)]
+    await eventually(lambda: client.statistics().waiting == 5, what="5 local waiters")
+    for task in waiters[1:4]:
+        task.cancel()
+    await held.release()
+    lease0 = await waiters[0]
+    await lease0.release()
+    lease4 = await waiters[4]
+    await lease4.release()
+    for task in waiters[1:4]:
+        assert task.cancelled()
+    await assert_clean(client)
+
+
+async def test_cancel_while_parked_on_channel(client: Client, other: Client) -> None:
+    held = await other.lock("p").acquire()
+    task = asyncio.create_task(client.lock("p").acquire())
+    await eventually(lambda: client.statistics().subscriptions == 1, what="subscription")
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await assert_clean(client)
+    await held.release()
+
+
+async def test_woken_head_cancelled_passes_turn_on(client: Client) -> None:
+    lock = client.lock("pass")
+    held = await lock.acquire()
+    first = asyncio.create_task(lock.acquire())
+    second = asyncio.create_task(lock.acquire())
+    await eventually(lambda: client.statistics().waiting == 2, what="2 waiters")
+    await held.release()  # hands the turn to `first` ...
+    first.cancel()  # ... which is cancelled before it runs
+    lease = await asyncio.wait_for(second, 10)
+    assert first.cancelled()
+    await lease.release()
+    await assert_clean(client)
+
+
+async def test_cancelled_release_still_completes(client: Client, server: RedisServer) -> None:
+    lock = client.lock("rel")
+    lease = await lock.acquire()
+    task = asyncio.create_task(lease.release())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await eventually(lambda: server.execute("EXISTS", "c:{rel}") == 0, what="release in Redis")
+    await assert_clean(client)
+    await lease.release()  # a retry after the cancelled call: idempotent, no error
+
+
+async def test_acquire_inside_asyncio_timeout(client: Client, other: Client) -> None:
+    held = await other.lock("to").acquire()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await client.lock("to").acquire()
+    await assert_clean(client)
+    await held.release()
+
+
+def test_channel_wake_passes_on_when_woken_waiter_is_cancelled() -> None:
+    async def main() -> None:
+        channel = Channel(b"ch")
+        channel.refs = 2
+        a = asyncio.create_task(channel.wait(10))
+        b = asyncio.create_task(channel.wait(10))
+        await asyncio.sleep(0)
+        channel.wake_one()  # wakes a ...
+        a.cancel()  # ... which is cancelled before running: b must get it
+        assert await asyncio.wait_for(b, 5) is True
+        assert a.cancelled()
+
+    asyncio.run(main())
+
+
+def test_channel_keeps_a_permit_for_a_waiter_not_yet_parked() -> None:
+    async def main() -> None:
+        channel = Channel(b"ch")
+        channel.refs = 1
+        channel.wake_one()  # message arrives while the waiter is retrying
+        assert await channel.wait(10) is True  # returns at once
+        assert await channel.wait(0.01) is False  # only one permit was kept
+        channel.wake_all()
+        assert await channel.wait(0.01) is True
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_random_cancellation_fuzz(
+    client: Client, other: Client, server: RedisServer, seed: int
+) -> None:
+    """Cancel acquires and bodies at random points, thousands of times.
+
+    Mutual exclusion holds throughout; every delivered cancellation ends its
+    task cancelled; afterwards no key, waiter, queue entry, subscription or
+    lease is left anywhere.
+    """
+    rng = random.Random(seed)
+    loop = asyncio.get_running_loop()
+    inside = 0
+    acquired = 0
+    cancelled = 0
+
+    async def contender(c: Client) -> None:
+        nonlocal inside, acquired
+        lock = c.lock("fuzz")
+        mode = rng.random()
+        if mode < 0.5:
+            async with lock:
+                inside += 1
+                try:
+                    assert inside == 1
+                    acquired += 1
+                    await asyncio.sleep(0)
+                finally:
+                    inside -= 1
+        elif mode < 0.8:
+            lease: Lease | None = await lock.try_acquire(rng.choice([0.0, 0.002, 0.05]))
+            if lease is not None:
+                inside += 1
+                assert inside == 1
+                acquired += 1
+                inside -= 1
+                await lease.release()
+        else:
+            lease = await lock.acquire(timeout=rng.choice([0.001, 0.01, 1.0]))
+            inside += 1
+            assert inside == 1
+            acquired += 1
+            inside -= 1
+            await lease.release()
+
+    for _ in range(250):
+        tasks = [asyncio.create_task(contender(rng.choice((client, other)))) for _ in range(8)]
+        requested: dict[asyncio.Task[None], bool] = {}
+        for task in tasks:
+            if rng.random() < 0.7:
+                delay = rng.choice([0.0, rng.uniform(0, 0.002), rng.uniform(0, 0.01)])
+
+                def cancel(
+                    t: asyncio.Task[None] = task,
+                    requested: dict[asyncio.Task[None], bool] = requested,
+                ) -> None:
+                    requested[t] = t.cancel()
+
+                loop.call_later(delay, cancel)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(0.012)  # let every scheduled cancel fire
+        for task, result in zip(tasks, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                cancelled += 1
+            elif isinstance(result, TimeoutError):
+                pass
+            elif isinstance(result, BaseException):
+                raise result
+            if requested.get(task):
+                assert task.cancelled(), "a delivered cancellation was swallowed"
+    assert acquired > 100 and cancelled > 300, (acquired, cancelled)
+    await assert_clean(client, other)
+    assert server.execute("EXISTS", "c:{fuzz}") == 0
+
+
+def test_channel_waiters_that_give_up_leave_in_constant_time() -> None:
+    """10,000 waiters parked on one channel (a semaphore's tasks all park) are
+    cancelled: the queue is compacted, counts stay right, wake-ups still work."""
+
+    async def main() -> None:
+        channel = Channel(b"ch")
+        channel.refs = 10_002
+        waiters = [asyncio.create_task(channel.wait(60)) for _ in range(10_000)]
+        await asyncio.sleep(0)
+        assert channel.parked == 10_000
+        for task in waiters:
+            task.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        assert channel.parked == 0
+        assert len(channel._waiters) < 64, "the dead waiters were compacted away"
+        late = asyncio.create_task(channel.wait(60))
+        timed_out = await channel.wait(0.001)
+        assert timed_out is False
+        channel.wake_one()
+        assert await asyncio.wait_for(late, 5) is True
+        assert channel.parked == 0
+
+    asyncio.run(main())

@@ -1,0 +1,132 @@
+"""Cohort locking: the lock passes among one Client's tasks with few round
+trips, tokens still increase, and other Clients are not starved."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from aiolock import Client, LockLostError
+from aiolock._lock import COHORT_BOUND
+from tests.core_util import assert_clean, eventually
+from tests.servers import RedisServer
+
+
+@pytest.fixture
+async def client(url: str) -> AsyncIterator[Client]:
+    async with Client.from_url(url, prefix="co", lease=2) as c:
+        yield c
+
+
+@pytest.fixture
+async def other(url: str) -> AsyncIterator[Client]:
+    async with Client.from_url(url, prefix="co", lease=2) as c:
+        yield c
+
+
+async def test_local_handoffs_save_round_trips(client: Client, server: RedisServer) -> None:
+    lock = client.lock("c")
+    tokens: list[int] = []
+    inside = 0
+
+    async def worker() -> None:
+        nonlocal inside
+        for _ in range(5):
+            async with lock as lease:
+                inside += 1
+                assert inside == 1
+                tokens.append(lease.fencing_token)
+                await asyncio.sleep(0)
+                inside -= 1
+
+    server.execute("CONFIG", "RESETSTAT")
+    await asyncio.gather(*(worker() for _ in range(40)))
+    calls = server.info("commandstats")["cmdstat_evalsha"]["calls"]
+    assert len(tokens) == 200
+    assert tokens == sorted(tokens) and len(set(tokens)) == 200, "tokens strictly increase"
+    assert calls <= 200 / COHORT_BOUND * 2 + 5, f"{calls} script calls for 200 acquisitions"
+    await assert_clean(client)
+    assert server.execute("EXISTS", "co:{c}") == 0
+
+
+async def test_next_fresh_acquisition_is_above_the_reserved_tokens(
+    client: Client, other: Client
+) -> None:
+    lock = client.lock("r")
+    first = await lock.acquire()
+    waiter = asyncio.create_task(lock.acquire())
+    await eventually(lambda: client.statistics().waiting == 1)
+    await first.release()
+    passed = await waiter  # passed on locally: first.token + 1
+    assert passed.fencing_token == first.fencing_token + 1
+    await passed.release()
+    fresh = await other.lock("r").acquire()
+    assert fresh.fencing_token > passed.fencing_token
+    await fresh.release()
+    await assert_clean(client, other)
+
+
+async def test_other_client_is_not_starved(client: Client, other: Client) -> None:
+    """One Client's 30 tasks hammer a lock; another Client's task still gets in."""
+    lock = client.lock("fair-ish")
+    stop = asyncio.Event()
+    count = 0
+
+    async def hammer() -> None:
+        nonlocal count
+        while not stop.is_set():
+            async with lock:
+                count += 1
+                await asyncio.sleep(0)
+
+    hammers = [asyncio.create_task(hammer()) for _ in range(30)]
+    await eventually(lambda: count > 50, what="the hammer to run")
+    # The hammers never stop on their own: only a bounded cohort makes room.
+    lease = await other.lock("fair-ish").acquire(timeout=30)
+    assert all(not h.done() for h in hammers)
+    await lease.release()
+    stop.set()
+    await asyncio.gather(*hammers)
+    await assert_clean(client, other)
+
+
+async def test_handed_waiter_cancelled_passes_it_on(client: Client) -> None:
+    lock = client.lock("h")
+    held = await lock.acquire()
+    first = asyncio.create_task(lock.acquire())
+    second = asyncio.create_task(lock.acquire())
+    await eventually(lambda: client.statistics().waiting == 2)
+    await held.release()  # handed to `first` (locally) ...
+    first.cancel()  # ... which is cancelled before it runs
+    lease = await asyncio.wait_for(second, 10)
+    assert first.cancelled()
+    assert lease.fencing_token > held.fencing_token
+    await lease.release()
+    await assert_clean(client)
+
+
+async def test_locally_passed_hold_is_renewed_and_can_be_lost(
+    client: Client, other: Client
+) -> None:
+    lock = client.lock("l")
+    held = await lock.acquire()
+    got = asyncio.Event()
+
+    async def second() -> None:
+        async with lock:
+            got.set()
+            rounds = client._watchdog.rounds
+            await eventually(lambda: client._watchdog.rounds >= rounds + 4)
+            assert await lock.is_owned(), "renewed past the 2 s lease"
+            await other.lock("l").force_release()
+            await asyncio.sleep(30)
+
+    task = asyncio.create_task(second())
+    await eventually(lambda: client.statistics().waiting == 1)
+    await held.release()
+    await got.wait()
+    with pytest.raises(LockLostError):
+        await task
+    await assert_clean(client, other)

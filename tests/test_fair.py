@@ -1,0 +1,664 @@
+"""FairLock: strict FIFO across Clients, handoffs, crashed and live waiters, cancellation.
+
+Every test runs against both servers and, unless it is about messages, under
+every notify mode ("pubsub", "list", "poll"). Clients stand for processes;
+the crashed waiter is a real process, killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+import pytest
+
+from aiolock import (
+    Backoff,
+    Client,
+    ClientClosedError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    Lease,
+    LockLostError,
+    LockNotOwnedError,
+    LockTimeoutError,
+)
+from aiolock._fair import FairLock
+from aiolock._listener import WAKE_ALL, Channel
+from tests.core_util import assert_clean, eventually
+from tests.servers import RedisServer
+
+PREFIX = "f"
+NOTIFY = ("pubsub", "list", "poll")
+#: Poll-mode waiters notice a handoff within this (the default caps at 0.5 s).
+FAST_POLL = Backoff(initial=0.002, maximum=0.05)
+
+
+@pytest.fixture(params=NOTIFY)
+def notify(request: pytest.FixtureRequest) -> str:
+    mode: str = request.param
+    return mode
+
+
+MakeClient = Callable[..., Client]
+
+
+@pytest.fixture
+async def make(url: str, notify: str) -> AsyncIterator[MakeClient]:
+    """``make(lease=...)``: a started Client (one "process"), closed after the test."""
+    async with AsyncExitStack() as stack:
+
+        def factory(lease: float = 30.0) -> Client:
+            client = Client.from_url(
+                url,
+                prefix=PREFIX,
+                lease=lease,
+                notify=notify,  # type: ignore[arg-type]
+                backoff=FAST_POLL,
+            )
+            stack.push_async_callback(client.aclose)
+            return client
+
+        yield factory
+
+
+@pytest.fixture
+async def clients(make: MakeClient) -> list[Client]:
+    return [make() for _ in range(3)]
+
+
+def queued(server: RedisServer, name: str) -> list[str]:
+    """The waiter ids queued in Redis for ``name``, in order."""
+    entries: list[str] = server.execute("ZRANGEBYSCORE", f"{PREFIX}:{{{name}}}:q", 1, "+inf")
+    return entries
+
+
+async def enqueue(lock: FairLock, coro: Any, count: int) -> asyncio.Task[Any]:
+    """Start ``coro`` as a task and wait until the queue holds ``count`` entries."""
+    task = asyncio.create_task(coro)
+    await eventually_async(lambda: lock.queue_length(), count)
+    return task
+
+
+async def eventually_async(
+    probe: Callable[[], Any], expected: object, *, timeout: float = 10.0
+) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while (value := await probe()) != expected:
+        if loop.time() > deadline:
+            raise AssertionError(f"expected {expected!r}, still {value!r} after {timeout} s")
+        await asyncio.sleep(0.002)
+
+
+def assert_no_keys(server: RedisServer, name: str) -> None:
+    """Nothing of ``name`` is left but the fence counter (and expiring signal lists)."""
+    keys = set(server.execute("KEYS", f"{PREFIX}:{{{name}}}*"))
+    keys.discard(f"{PREFIX}:{{{name}}}:fence")
+    for key in list(keys):
+        if ":sig:" in key:  # list mode: a message nobody popped any more; it expires
+            assert 0 < int(server.execute("PTTL", key)) <= 60_000, key
+            keys.discard(key)
+    assert not keys, f"keys left behind: {sorted(keys)}"
+
+
+# --------------------------------------------------------------------------- the API
+
+
+async def test_acquire_release_queries_and_tokens(
+    clients: list[Client], server: RedisServer
+) -> None:
+    a, b, _ = clients
+    lock = a.fair_lock("api")
+    assert isinstance(lock, FairLock)
+    lease = await lock.acquire()
+    assert isinstance(lease, Lease) and lease.name == "api" and not lease.lost
+    assert await lock.is_locked() and await lock.is_owned()
+    assert await lock.hold_count() == 1
+    ttl = await lock.remaining_ttl()
+    assert ttl is not None and 0 < ttl <= a.lease
+    assert await b.fair_lock("api").try_acquire() is None  # no waiting: no queue entry
+    assert not await b.fair_lock("api").is_owned()
+    assert server.execute("EXISTS", f"{PREFIX}:{{api}}:q") == 0
+    assert "api" in repr(lock)
+    await lock.release()
+    assert not await lock.is_locked() and await lock.remaining_ttl() is None
+    with pytest.raises(LockNotOwnedError):
+        await lock.release()
+    second = await b.fair_lock("api").acquire()
+    assert second.fencing_token > lease.fencing_token
+    assert await a.fair_lock("api").force_release()
+    assert not await a.fair_lock("api").force_release()
+    with pytest.raises(LockNotOwnedError):
+        await second.release()  # evicted: its release finds the hold gone
+    assert second.lost
+    third = await a.fair_lock("api").acquire(lease=5)
+    assert third.fencing_token > second.fencing_token
+    ttl = await lock.remaining_ttl()
+    assert ttl is not None and 4 < ttl <= 5
+    await third.release()
+    await assert_clean(*clients)
+    assert_no_keys(server, "api")
+
+
+async def test_reentrant_per_task(clients: list[Client], server: RedisServer) -> None:
+    a, b, _ = clients
+    lock = a.fair_lock("re")
+    async with lock as outer:
+        async with lock as inner:  # no round trip, no queueing
+            assert inner.fencing_token == outer.fencing_token
+            assert await lock.hold_count() == 2
+            assert server.execute("EXISTS", f"{PREFIX}:{{re}}:q") == 0
+        assert await lock.hold_count() == 1
+        assert await lock.is_owned()
+        assert await b.fair_lock("re").try_acquire() is None
+    assert await lock.hold_count() == 0
+    lease = await b.fair_lock("re").try_acquire()
+    assert lease is not None
+    await lease.release()
+    await assert_clean(*clients)
+
+
+async def test_decorator_and_options(clients: list[Client]) -> None:
+    a, b, _ = clients
+    lock = a.fair_lock("deco")
+    seen: list[int] = []
+
+    @lock
+    async def guarded(i: int) -> int:
+        seen.append(i)
+        return i
+
+    assert await guarded(3) == 3
+    async with lock(timeout=1, lease=2) as lease:
+        ttl = await lock.remaining_ttl()
+        assert ttl is not None and ttl <= 2
+        with pytest.raises(LockTimeoutError):
+            await b.fair_lock("deco").acquire(timeout=0.1)
+        assert not lease.lost
+    assert seen == [3]
+    await assert_clean(*clients)
+
+
+async def test_bad_input_is_refused_before_any_round_trip(url: str) -> None:
+    async with Client.from_url(url, prefix=PREFIX) as client:
+        with pytest.raises(InvalidArgumentError):
+            client.fair_lock("")
+        with pytest.raises(InvalidArgumentTypeError):
+            client.fair_lock(7)  # type: ignore[arg-type]
+        lock = client.fair_lock("bad")
+        with pytest.raises(InvalidArgumentError):
+            await lock.acquire(timeout=-1)
+        with pytest.raises(InvalidArgumentError):
+            await lock.acquire(lease=0)
+        with pytest.raises(InvalidArgumentTypeError):
+            await lock.try_acquire("1")  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError):
+            lock(on_lost="maybe")  # type: ignore[call-overload]
+        assert client.statistics().command_connects == 0
+
+
+# --------------------------------------------------------------------------- fairness
+
+
+async def test_strict_fifo_across_clients(clients: list[Client], server: RedisServer) -> None:
+    """Tasks queued in a known order, over three Clients, acquire in exactly that order."""
+    locks = [c.fair_lock("fifo") for c in clients]
+    holder = await locks[0].acquire()
+    order: list[int] = []
+    tokens: list[int] = []
+
+    async def contender(i: int) -> None:
+        async with locks[i % 3] as lease:
+            order.append(i)
+            tokens.append(lease.fencing_token)
+            await asyncio.sleep(0.001)
+
+    tasks = [await enqueue(locks[0], contender(i), i + 1) for i in range(9)]
+    # A burst from one Client, created back to back: pipelined, they keep their order.
+    tasks += [asyncio.create_task(contender(9 + 3 * k)) for k in range(4)]
+    await eventually_async(locks[0].queue_length, 13)
+    assert [w.split(":")[0] for w in queued(server, "fifo")][:3] == [c.id for c in clients]
+    await holder.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 20)
+    assert order == [*range(9), 9, 12, 15, 18]
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+    assert tokens[0] > holder.fencing_token
+    await assert_clean(*clients)
+    assert_no_keys(server, "fifo")
+
+
+async def test_free_lock_is_not_taken_past_a_waiter(
+    clients: list[Client], server: RedisServer
+) -> None:
+    """The hold vanished (as if expired); a newcomer finds the lock free but a waiter first."""
+    a, b, c = clients
+    holder = await a.fair_lock("nb").acquire()
+    waiter = await enqueue(a.fair_lock("nb"), b.fair_lock("nb").acquire(), 1)
+    server.execute("DEL", f"{PREFIX}:{{nb}}")  # the holder's hold is gone
+    started = time.monotonic()
+    assert await c.fair_lock("nb").try_acquire() is None  # ... and hands it to the waiter
+    lease = await asyncio.wait_for(waiter, 10)
+    # Handed over by the newcomer's script, not found by the waiter's bound (30 s).
+    assert time.monotonic() - started < 2
+    await lease.release()
+    with pytest.raises(LockNotOwnedError):
+        await holder.release()
+    await assert_clean(*clients)
+
+
+@pytest.mark.parametrize("notify", ["pubsub", "list"])  # "poll" sends no messages at all
+async def test_handoff_wakes_only_the_next_waiter(make: MakeClient, server: RedisServer) -> None:
+    """One handoff costs the same two scripts with 1 or 20 waiters over 4 Clients."""
+    clients = [make() for _ in range(4)]
+    locks = [c.fair_lock("cost") for c in clients]
+
+    async def one_handoff(waiting: int) -> dict[str, int]:
+        holder = await locks[0].acquire()
+        got = [asyncio.Event() for _ in range(waiting)]
+        go = asyncio.Event()
+
+        async def waiter(i: int) -> None:
+            lease = await locks[i % 4].acquire()
+            got[i].set()
+            await go.wait()
+            await lease.release()
+
+        tasks = [asyncio.create_task(waiter(i)) for i in range(waiting)]
+        await eventually_async(locks[0].queue_length, waiting)
+        await asyncio.sleep(0.1)  # every waiter parked, every subscription live
+        server.execute("CONFIG", "RESETSTAT")
+        await holder.release()
+        await asyncio.wait_for(got[0].wait(), 10)
+        await asyncio.sleep(0.05)  # whatever else would happen, happens now
+        stats = server.info("commandstats")
+        assert not any(e.is_set() for e in got[1:]), "only the next waiter got it"
+        go.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 20)
+        return {k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items()}
+
+    few, many = await one_handoff(1), await one_handoff(20)
+    # The release script, then the next waiter's confirmation: nobody else runs anything.
+    assert few["evalsha"] == many["evalsha"] == 2, (few, many)
+    sent = "publish" if clients[0].notify == "pubsub" else "rpush"
+    assert few[sent] == 1  # the handoff message, to the next waiter's Client only
+    assert many[sent] == 2  # ... and "check back by then" to the next other Client
+    await assert_clean(*clients)
+
+
+async def test_many_local_waiters_cost_one_subscription_and_one_renewal(
+    make: MakeClient,
+) -> None:
+    a, b = make(lease=0.6), make(lease=0.6)
+    holder = await a.fair_lock("crowd").acquire()
+    tasks = [asyncio.create_task(b.fair_lock("crowd").acquire()) for _ in range(30)]
+    await eventually_async(a.fair_lock("crowd").queue_length, 30)
+    await eventually(lambda: b.statistics().waiting == 30, what="30 waiters queued")
+    stats = b.statistics()
+    assert stats.waiting == 30 and stats.watched == 1
+    assert stats.subscriptions == (0 if b.notify == "poll" else 1)
+    calls, rounds = b._watchdog.calls, b._watchdog.rounds
+    await eventually(lambda: b._watchdog.rounds >= rounds + 3, what="3 renewal rounds")
+    assert (b._watchdog.calls - calls) / (b._watchdog.rounds - rounds) <= 1.5
+    await holder.release()
+    lease = await asyncio.wait_for(tasks[0], 10)
+    for task in tasks[1:]:
+        task.cancel()
+    await lease.release()
+    await assert_clean(a, b)
+
+
+# ------------------------------------------------------------------ dead and patient waiters
+
+_CRASHER = """
+import asyncio, sys
+from aiolock import Client
+async def main():
+    client = Client.from_url(sys.argv[1], prefix=sys.argv[2], lease=float(sys.argv[3]),
+                             notify=sys.argv[4])
+    await client.fair_lock("crash").acquire(lease=60)
+asyncio.run(main())
+"""
+
+
+async def test_crashed_waiter_delays_the_queue_at_most_one_lease(
+    make: MakeClient, server: RedisServer, url: str
+) -> None:
+    """A waiter process killed while queued (asking a 60 s lease) costs about one lease.
+
+    The release comes right after the kill, while the dead Client's entries
+    still count as live, so the lock is handed to the dead waiter: the worst case.
+    """
+    lease = 0.5
+    # The holder's Client has a long lease: the survivor's own bound (the holder's
+    # TTL) is then 30 s, and only the "check back" message gets it going in time.
+    a, b = make(lease=30), make(lease=lease)
+    lock = a.fair_lock("crash")
+    holder = await lock.acquire()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CRASHER, url, PREFIX, str(lease), a.notify, cwd=os.getcwd()
+    )
+    try:
+        await eventually_async(lock.queue_length, 1, timeout=20)
+        survivor = await enqueue(lock, b.fair_lock("crash").acquire(), 2)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    started = time.monotonic()
+    await holder.release()  # handed to the dead waiter (its entries are still live)
+    got = await asyncio.wait_for(survivor, 10)
+    elapsed = time.monotonic() - started
+    # Redisson would stall here for the dead waiter's wait timeout (5 minutes).
+    assert elapsed < lease + 0.8, f"the queue stalled {elapsed:.2f} s for a dead waiter"
+    assert elapsed > lease / 2  # the dead waiter did get the lock first: the worst case
+    assert got.fencing_token > holder.fencing_token
+    await got.release()
+    await assert_clean(a, b)
+    await eventually(lambda: server.execute("EXISTS", f"{PREFIX}:{{crash}}:q") == 0)
+
+
+async def test_live_waiter_is_never_dropped(make: MakeClient, server: RedisServer) -> None:
+    """Waiting for many leases: the watchdog keeps the entries alive, the order holds."""
+    lease = 0.6
+    a, b, c = make(lease=lease), make(lease=lease), make(lease=lease)
+    lock = a.fair_lock("patient")
+    holder = await lock.acquire()
+    first = await enqueue(lock, b.fair_lock("patient").acquire(), 1)
+    second = await enqueue(lock, c.fair_lock("patient").acquire(), 2)
+    entries = queued(server, "patient")
+    await asyncio.sleep(3 * lease)
+    assert queued(server, "patient") == entries  # nobody dropped, nobody re-queued
+    assert not first.done() and not second.done()
+    await holder.release()
+    lease1 = await asyncio.wait_for(first, 10)
+    assert not second.done()
+    await lease1.release()
+    lease2 = await asyncio.wait_for(second, 10)
+    assert lease2.fencing_token > lease1.fencing_token > holder.fencing_token
+    await lease2.release()
+    await assert_clean(a, b, c)
+
+
+async def test_waiter_queues_up_again_if_its_entry_vanished(
+    make: MakeClient, server: RedisServer
+) -> None:
+    a, b = make(lease=0.6), make(lease=0.6)
+    lock = a.fair_lock("lapse")
+    holder = await lock.acquire()
+    waiter = await enqueue(lock, b.fair_lock("lapse").acquire(), 1)
+    server.execute("DEL", f"{PREFIX}:{{lapse}}:q")  # as if its liveness had lapsed
+    await eventually_async(lock.queue_length, 1)  # the watchdog saw it: queued again
+    await holder.release()
+    got = await asyncio.wait_for(waiter, 10)
+    await got.release()
+    await assert_clean(a, b)
+
+
+@pytest.mark.parametrize("notify", ["pubsub", "list"])  # "poll" has no connection to lose
+async def test_handoff_message_lost_in_a_reconnect_is_not_waited_out(
+    clients: list[Client], server: RedisServer
+) -> None:
+    """The waiter's notification connection drops around the handoff: it still goes on.
+
+    On reconnecting, the listener (or BLPOP loop) wakes every waiter of the
+    Client, which then confirms the handoff: no waiting out the 30 s bound.
+    """
+    a, b, _ = clients
+    lock = a.fair_lock("drop")
+    holder = await lock.acquire()
+    waiter = await enqueue(lock, b.fair_lock("drop").acquire(), 1)
+    await asyncio.sleep(0.1)  # parked on a live subscription / BLPOP
+    if b.notify == "pubsub":
+        assert server.kill_pubsub_clients() >= 1
+    else:
+        assert server.kill_normal_clients() >= 1
+    started = time.monotonic()
+    await holder.release()
+    got = await asyncio.wait_for(waiter, 10)
+    assert time.monotonic() - started < 5
+    await got.release()
+    await assert_clean(*clients)
+
+
+# --------------------------------------------------------------------------- leaving
+
+
+async def test_cancelled_waiter_leaves_the_queue_at_once(
+    clients: list[Client], server: RedisServer
+) -> None:
+    a, b, c = clients
+    lock = a.fair_lock("leave")
+    holder = await lock.acquire()
+    w1 = await enqueue(lock, b.fair_lock("leave").acquire(), 1)
+    w2 = await enqueue(lock, c.fair_lock("leave").acquire(), 2)
+    w3 = await enqueue(lock, b.fair_lock("leave").acquire(), 3)
+    gone = queued(server, "leave")[1]
+    w2.cancel()
+    started = time.monotonic()
+    await eventually_async(lock.queue_length, 2)
+    assert time.monotonic() - started < 1.0  # not after a lease (30 s)
+    assert gone not in queued(server, "leave")
+    await holder.release()
+    lease1 = await asyncio.wait_for(w1, 10)
+    await lease1.release()
+    lease3 = await asyncio.wait_for(w3, 10)
+    assert w2.cancelled()
+    w4 = await enqueue(lock, c.fair_lock("leave").acquire(), 1)
+    w4.cancel()
+    await eventually(lambda: server.execute("EXISTS", f"{PREFIX}:{{leave}}:q") == 0)
+    await lease3.release()
+    await assert_clean(*clients)
+    assert_no_keys(server, "leave")
+
+
+async def test_waiter_cancelled_after_the_handoff_passes_the_lock_on(
+    clients: list[Client], server: RedisServer
+) -> None:
+    a, b, c = clients
+    lock = a.fair_lock("pass")
+    holder = await lock.acquire()
+    first = await enqueue(lock, b.fair_lock("pass").acquire(), 1)
+    second = await enqueue(lock, c.fair_lock("pass").acquire(), 2)
+    release = asyncio.create_task(holder.release())
+    await asyncio.sleep(0)  # the release is on the wire
+    time.sleep(0.1)  # noqa: ASYNC251 (block the loop: Redis hands the lock to `first` ...)
+    first.cancel()  # ... which gives up before it could confirm it
+    started = time.monotonic()
+    await release
+    lease = await asyncio.wait_for(second, 10)
+    assert time.monotonic() - started < 2  # passed on, not expired (30 s lease)
+    assert first.cancelled()
+    # `first` did hold it in between: its token was issued, then released by its leave.
+    released = int(server.execute("HGET", f"{PREFIX}:{{pass}}:fence", "r"))
+    assert holder.fencing_token < released < lease.fencing_token
+    await lease.release()
+    await assert_clean(*clients)
+
+
+async def test_cancel_after_grant_before_reply_read(
+    clients: list[Client], server: RedisServer
+) -> None:
+    """Redis granted the lock, the task was cancelled before reading the reply."""
+    a, b, _ = clients
+    lock = a.fair_lock("late")
+    await lock.is_locked()  # connect first
+    task = asyncio.create_task(lock.acquire())
+    await asyncio.sleep(0)  # the script is on the wire
+    time.sleep(0.1)  # noqa: ASYNC251 (block the loop: the reply arrives, unread)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    lease = await asyncio.wait_for(b.fair_lock("late").acquire(), 10)
+    assert lease.fencing_token > int(server.execute("HGET", f"{PREFIX}:{{late}}:fence", "r"))
+    await lease.release()
+    await assert_clean(*clients)
+    assert_no_keys(server, "late")
+
+
+async def test_timeouts_leave_no_entry(clients: list[Client], server: RedisServer) -> None:
+    a, b, _ = clients
+    holder = await a.fair_lock("to").acquire()
+    with pytest.raises(LockTimeoutError):
+        await b.fair_lock("to").acquire(timeout=0.2)
+    assert await b.fair_lock("to").try_acquire(0.1) is None
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.1):
+            await b.fair_lock("to").acquire()
+    await eventually(lambda: server.execute("EXISTS", f"{PREFIX}:{{to}}:q") == 0)
+    await assert_clean(b)
+    await holder.release()
+    await assert_clean(*clients)
+    assert_no_keys(server, "to")
+
+
+async def test_closing_a_client_takes_its_waiters_out(
+    make: MakeClient, server: RedisServer
+) -> None:
+    a, b, c = make(), make(), make()
+    lock = a.fair_lock("close")
+    holder = await lock.acquire()
+    doomed = await enqueue(lock, b.fair_lock("close").acquire(), 1)
+    later = await enqueue(lock, c.fair_lock("close").acquire(), 2)
+    await b.aclose()
+    with pytest.raises(ClientClosedError):
+        await doomed
+    await eventually_async(c.fair_lock("close").queue_length, 1)
+    await a.aclose()  # the holder's Client: its hold is released, and handed on
+    assert holder.lost
+    lease = await asyncio.wait_for(later, 5)  # at once, not after a 30 s lease
+    await lease.release()
+    await assert_clean(c)
+    assert_no_keys(server, "close")
+
+
+# --------------------------------------------------------------------------- leases
+
+
+async def test_lost_lease_cancels_the_body_and_the_next_waiter_gets_it(
+    make: MakeClient,
+) -> None:
+    a, b, c = make(lease=0.6), make(lease=0.6), make(lease=0.6)
+    lock = a.fair_lock("lost")
+    reached_end = False
+    next_up = None
+    with pytest.raises(LockLostError):
+        async with lock as lease:
+            next_up = await enqueue(lock, b.fair_lock("lost").acquire(), 1)
+            assert await c.fair_lock("lost").force_release()  # ... handed to b's waiter
+            await asyncio.sleep(30)  # cancelled within one renewal interval
+            reached_end = True
+    assert not reached_end and lease.lost
+    assert next_up is not None
+    got = await asyncio.wait_for(next_up, 10)
+    assert got.fencing_token > lease.fencing_token
+    await got.release()
+    await assert_clean(a, b, c)
+
+
+async def test_fixed_lease_expires_and_the_queue_moves_on(make: MakeClient) -> None:
+    a, b = make(lease=0.6), make(lease=0.6)
+    lock = a.fair_lock("fixed")
+    with pytest.raises(LockLostError, match="fixed lease"):
+        async with lock(lease=0.3):
+            waiter = await enqueue(lock, b.fair_lock("fixed").acquire(lease=5), 1)
+            await asyncio.sleep(30)
+    got = await asyncio.wait_for(waiter, 10)
+    ttl = await lock.remaining_ttl()
+    assert ttl is not None and 4 < ttl <= 5  # the waiter's own fixed lease, once confirmed
+    await got.release()
+    await assert_clean(a, b)
+
+
+# --------------------------------------------------------------------------- fuzz
+
+
+async def test_random_cancellation_fuzz(clients: list[Client], server: RedisServer) -> None:
+    """Cancel acquires and bodies at random points; nothing may be left behind.
+
+    Mutual exclusion holds throughout; every delivered cancellation ends its
+    task cancelled; afterwards no hold, queue entry, waiter, subscription,
+    renewal or key is left (list-mode signal lists expire by themselves).
+    """
+    rng = random.Random(4)
+    loop = asyncio.get_running_loop()
+    inside = 0
+    acquired = 0
+    cancelled = 0
+
+    async def contender(client: Client) -> None:
+        nonlocal inside, acquired
+        lock = client.fair_lock("fuzz")
+        mode = rng.random()
+        lease: Lease | None
+        if mode < 0.5:
+            async with lock:
+                inside += 1
+                try:
+                    assert inside == 1
+                    acquired += 1
+                    await asyncio.sleep(0)
+                finally:
+                    inside -= 1
+            return
+        if mode < 0.8:
+            lease = await lock.try_acquire(rng.choice([0.0, 0.002, 0.05]))
+        else:
+            lease = await lock.acquire(timeout=rng.choice([0.001, 0.01, 1.0]))
+        if lease is not None:
+            inside += 1
+            assert inside == 1
+            acquired += 1
+            inside -= 1
+            await lease.release()
+
+    for _ in range(20):
+        tasks = [asyncio.create_task(contender(rng.choice(clients))) for _ in range(8)]
+        requested: dict[asyncio.Task[None], bool] = {}
+        for task in tasks:
+            if rng.random() < 0.6:
+
+                def cancel(
+                    t: asyncio.Task[None] = task,
+                    requested: dict[asyncio.Task[None], bool] = requested,
+                ) -> None:
+                    requested[t] = t.cancel()
+
+                loop.call_later(rng.choice([0.0, rng.uniform(0, 0.003), 0.01]), cancel)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(0.012)  # let every scheduled cancel fire
+        for task, result in zip(tasks, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                cancelled += 1
+            elif isinstance(result, BaseException) and not isinstance(result, TimeoutError):
+                raise result
+            if requested.get(task):
+                assert task.cancelled(), "a delivered cancellation was swallowed"
+    assert acquired > 20 and cancelled > 20, (acquired, cancelled)
+    await assert_clean(*clients)
+    assert server.execute("EXISTS", f"{PREFIX}:{{fuzz}}") == 0
+    await eventually(lambda: server.execute("EXISTS", f"{PREFIX}:{{fuzz}}:q") == 0)
+    assert_no_keys(server, "fuzz")
+
+
+# --------------------------------------------------------------------------- pure
+
+
+def test_channel_handler_gets_messages_and_resync() -> None:
+    async def main() -> None:
+        seen: list[bytes] = []
+        channel = Channel(b"ch")
+        channel.refs = 1
+        channel.handler = seen.append
+        channel.wake(b"abc:1:2:3:4:p")
+        channel.wake_all()
+        assert seen == [b"abc:1:2:3:4:p", WAKE_ALL]
+        assert await channel.wait(0.01) is False  # nothing went to the parking lot
+
+    asyncio.run(main())

@@ -1,0 +1,134 @@
+"""Faults on real servers: killed pub/sub links, restarts, pauses, cut networks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from aiolock import Client, LockLostError, LockTimeoutError
+from tests.core_util import assert_clean, eventually
+from tests.servers import RedisServer, TcpProxy
+
+
+async def test_pubsub_connection_killed_waiter_still_woken(server: RedisServer) -> None:
+    """The listener reconnects, resubscribes, and the waiter acquires long before the TTL."""
+    async with (
+        Client.from_url(server.url, prefix="f") as holder,
+        Client.from_url(server.url, prefix="f") as waiter,
+    ):
+        held = await holder.lock("k").acquire()  # 30 s lease: a TTL-bound wait would be slow
+        task = asyncio.create_task(waiter.lock("k").acquire())
+        await eventually(lambda: waiter._listener.channels.get(b"f:{k}:ch") is not None)
+        channel = waiter._listener.channels[b"f:{k}:ch"]
+        await eventually(lambda: channel.is_confirmed, what="subscription confirmed")
+        assert server.kill_pubsub_clients() >= 1
+        await eventually(lambda: waiter._listener.connects >= 2, what="listener reconnect")
+        await eventually(lambda: channel.is_confirmed, what="resubscribed")
+        loop = asyncio.get_running_loop()
+        released = loop.time()
+        await held.release()
+        lease = await asyncio.wait_for(task, 20)
+        assert loop.time() - released < 10, "woken by the message, not by the 30 s TTL"
+        await lease.release()
+        await assert_clean(holder, waiter)
+
+
+async def test_script_flush_reloads_scripts(server: RedisServer) -> None:
+    async with Client.from_url(server.url, prefix="f") as client:
+        async with client.lock("s"):
+            pass
+        server.script_flush()
+        async with client.lock("s") as lease:
+            assert lease.fencing_token > 0
+        await assert_clean(client)
+
+
+async def test_server_restart_reconnects_and_loses_held_lease(fresh_server: RedisServer) -> None:
+    async with Client.from_url(fresh_server.url, prefix="f", lease=1.5) as client:
+        lock = client.lock("r")
+        first = await lock.acquire()
+        fresh_server.restart()  # all data lost, scripts too
+        await eventually(lambda: first.lost, what="the watchdog to notice the lost hold")
+        second = await asyncio.wait_for(lock.acquire(), 20)
+        assert second.fencing_token > first.fencing_token, "tokens grow across data loss"
+        await second.release()
+        assert client.statistics().command_connects >= 2
+        await assert_clean(client)
+
+
+async def test_paused_server_times_out_then_recovers(fresh_server: RedisServer) -> None:
+    async with Client.from_url(fresh_server.url, prefix="f", command_timeout=0.5) as client:
+        lock = client.lock("p")
+        await lock.is_locked()
+        with fresh_server.paused():
+            with pytest.raises((LockTimeoutError, RedisConnectionError)):
+                await lock.acquire(timeout=0.2)
+            with pytest.raises(RedisConnectionError):
+                await lock.is_locked()
+        async with lock as lease:
+            assert lease.fencing_token > 0
+        await assert_clean(client)
+
+
+async def test_cut_connection_then_restore(proxy: TcpProxy, server: RedisServer) -> None:
+    async with Client.from_url(proxy.url, prefix="f", command_timeout=2) as client:
+        lock = client.lock("cut")
+        async with lock:
+            pass
+        proxy.cut()
+        with pytest.raises(RedisConnectionError):
+            await lock.acquire(timeout=0.5)
+        proxy.restore()
+        async with lock as lease:
+            assert lease.fencing_token > 0
+        await assert_clean(client)
+        assert server.execute("EXISTS", "f:{cut}") == 0
+
+
+async def test_release_survives_a_blackholed_connection(
+    proxy: TcpProxy, server: RedisServer
+) -> None:
+    """The release's first attempt vanishes; a retry on a new connection completes it."""
+    async with Client.from_url(proxy.url, prefix="f", command_timeout=0.5) as client:
+        lease = await client.lock("bh").acquire()
+        proxy.blackhole()
+        release = asyncio.create_task(lease.release())
+        await asyncio.sleep(0.7)  # past command_timeout: the connection is dropped
+        proxy.restore()
+        await asyncio.wait_for(release, 20)
+        assert server.execute("EXISTS", "f:{bh}") == 0
+        await assert_clean(client)
+
+
+async def test_release_script_is_idempotent(server: RedisServer) -> None:
+    """A retried release (same owner and token) reports success and changes nothing."""
+    async with Client.from_url(server.url, prefix="f") as client:
+        lease = await client.lock("idem").acquire()
+        hold = lease._hold
+        redis = aioredis.Redis.from_url(server.url)
+        script = client._scripts[hold.release_script]
+        args, keys = hold.release_args, hold.release_keys
+        try:
+            assert await redis.eval(script.source, len(keys), *keys, *args) == 1
+            assert await redis.eval(script.source, len(keys), *keys, *args) == 2
+            # A later holder (another task) is not disturbed by a late retry.
+            await lease.release()  # the local side: the server says "already released"
+            other = await asyncio.create_task(client.lock("idem").acquire())
+            assert await redis.eval(script.source, len(keys), *keys, *args) == 2
+            assert await client.lock("idem").is_locked(), "the new hold is untouched"
+            await other.release()
+        finally:
+            await redis.aclose()
+        await assert_clean(client)
+
+
+async def test_lost_lease_when_renewal_impossible(proxy: TcpProxy) -> None:
+    async with Client.from_url(proxy.url, prefix="f", lease=1.0, command_timeout=5) as client:
+        with pytest.raises(LockLostError):
+            async with client.lock("nr"):
+                proxy.blackhole()
+                await asyncio.sleep(30)
+        proxy.restore()

@@ -1,0 +1,135 @@
+"""MultiLock: all or nothing, fixed order, one script per server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from aiolock import (
+    Client,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    LockLostError,
+    LockTimeoutError,
+)
+from aiolock._multi import MultiLease, MultiLock
+from tests.core_util import assert_clean, eventually
+from tests.servers import RedisServer
+
+
+@pytest.fixture
+async def client(url: str) -> AsyncIterator[Client]:
+    async with Client.from_url(url, prefix="m", lease=1.5) as c:
+        yield c
+
+
+@pytest.fixture
+async def other(url: str) -> AsyncIterator[Client]:
+    async with Client.from_url(url, prefix="m", lease=1.5) as c:
+        yield c
+
+
+async def test_takes_all_in_one_script(client: Client, server: RedisServer) -> None:
+    multi = client.multi_lock(client.lock("b"), client.lock("a"), client.lock("c"))
+    assert isinstance(multi, MultiLock)
+    assert multi.name == "a+b+c"  # the fixed order
+    server.execute("CONFIG", "RESETSTAT")
+    lease = await multi.acquire()
+    stats = server.info("commandstats")
+    assert stats["cmdstat_evalsha"]["calls"] == 1, "one script for every lock of one server"
+    assert isinstance(lease, MultiLease)
+    assert set(lease.fencing_tokens) == {"a", "b", "c"}
+    for name in "abc":
+        assert await client.lock(name).is_locked()
+    assert await multi.is_owned()
+    await lease.release()
+    assert not await multi.is_locked()
+    await assert_clean(client)
+
+
+async def test_all_or_nothing(client: Client, other: Client) -> None:
+    held = await other.lock("y").acquire()
+    multi = client.multi_lock(client.lock("x"), client.lock("y"))
+    assert await multi.try_acquire() is None
+    assert not await client.lock("x").is_locked(), "nothing taken when one is busy"
+    waiter = asyncio.create_task(multi.acquire(timeout=20))
+    await asyncio.sleep(0.05)
+    assert not await client.lock("x").is_locked()
+    await held.release()
+    lease = await waiter
+    assert await client.lock("x").is_locked() and await client.lock("y").is_locked()
+    await lease.release()
+    await assert_clean(client, other)
+
+
+async def test_across_clients_no_deadlock(client: Client, other: Client) -> None:
+    """Two multi-locks over the same names, given in opposite orders, on two
+    Clients each holding a lock of the set: no deadlock, mutual exclusion."""
+    inside = 0
+    done = 0
+
+    async def worker(order: tuple[Client, Client]) -> None:
+        nonlocal inside, done
+        first, second = order
+        multi = first.multi_lock(first.lock("p"), second.lock("q"))
+        for _ in range(10):
+            async with multi:
+                inside += 1
+                assert inside == 1
+                await asyncio.sleep(0)
+                inside -= 1
+                done += 1
+
+    await asyncio.wait_for(
+        asyncio.gather(*(worker(o) for o in [(client, other), (other, client)] * 3)), 60
+    )
+    assert done == 60
+    await assert_clean(client, other)
+
+
+async def test_timeout_releases_what_was_taken(client: Client, other: Client) -> None:
+    held = await asyncio.create_task(other.lock("t2").acquire())  # another task holds it
+    multi = client.multi_lock(client.lock("t1"), other.lock("t2"))  # two Clients
+    with pytest.raises(LockTimeoutError):
+        await multi.acquire(timeout=0.2)
+    assert not await client.lock("t1").is_locked()
+    await held.release()
+    await assert_clean(client, other)
+
+
+async def test_reentrant_and_lost(client: Client, other: Client) -> None:
+    multi = client.multi_lock(client.lock("r1"), client.lock("r2"))
+    with pytest.raises(LockLostError):
+        async with multi as lease:
+            async with multi as inner:
+                assert inner.fencing_tokens == lease.fencing_tokens
+                assert await multi.hold_count() == 2
+            await other.lock("r2").force_release()
+            await asyncio.sleep(30)
+    await eventually(lambda: lease.lost)
+    await assert_clean(client, other)
+
+
+async def test_cancelled_multi_acquire_leaves_nothing(client: Client, other: Client) -> None:
+    held = await other.lock("c2").acquire()
+    multi = client.multi_lock(client.lock("c1"), client.lock("c2"), client.lock("c3"))
+    for delay in (0.0, 0.001, 0.003, 0.01, 0.03):
+        task = asyncio.create_task(multi.acquire())
+        await asyncio.sleep(delay)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    await held.release()
+    await assert_clean(client, other)
+    assert not await multi.is_locked()
+
+
+async def test_bad_arguments(client: Client) -> None:
+    with pytest.raises(InvalidArgumentError):
+        client.multi_lock()
+    with pytest.raises(InvalidArgumentError, match="twice"):
+        client.multi_lock(client.lock("a"), client.lock("a"))
+    with pytest.raises(InvalidArgumentTypeError):
+        client.multi_lock("a")  # type: ignore[arg-type]

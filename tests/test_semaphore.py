@@ -1,0 +1,579 @@
+"""Semaphore: at most N, permits as leases, set_permits, wake-ups, claims, cancellation.
+
+Every test runs on both servers and under every notify mode, with two or
+three Clients standing for processes (one test uses a real process, killed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from aiolock import (
+    Client,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    LockLostError,
+    LockNotOwnedError,
+)
+from aiolock._semaphore import Permit, Semaphore
+from tests.core_util import assert_clean, eventually
+from tests.servers import RedisServer
+
+NOTIFY = ("pubsub", "list", "poll")
+
+
+@pytest.fixture(params=NOTIFY)
+def notify(request: pytest.FixtureRequest) -> str:
+    mode: str = request.param
+    return mode
+
+
+@pytest.fixture
+async def client(url: str, notify: str) -> AsyncIterator[Client]:
+    # A short lease: the watchdog notices a lost hold within 0.3 s.
+    async with Client.from_url(url, prefix="s", lease=0.9, notify=notify) as c:  # type: ignore[arg-type]
+        yield c
+
+
+@pytest.fixture
+async def other(url: str, notify: str) -> AsyncIterator[Client]:
+    # A long lease: waiters that are not woken would wait (up to) 30 s.
+    async with Client.from_url(url, prefix="s", lease=30, notify=notify) as c:  # type: ignore[arg-type]
+        yield c
+
+
+@pytest.fixture
+async def third(url: str, notify: str) -> AsyncIterator[Client]:
+    async with Client.from_url(url, prefix="s", lease=30, notify=notify) as c:  # type: ignore[arg-type]
+        yield c
+
+
+def redis_state(server: RedisServer, name: str) -> tuple[int, list[str], str | None]:
+    """(permits in use, holder members, claimant) as Redis has them."""
+    used = server.execute("HGET", f"s:{{{name}}}", "u")
+    members = server.execute("ZRANGE", f"s:{{{name}}}:h", 0, -1)
+    claimant = server.execute("HGET", f"s:{{{name}}}", "c")
+    return int(used or 0), list(members), claimant
+
+
+def assert_nothing_held(server: RedisServer, name: str) -> None:
+    used, members, claimant = redis_state(server, name)
+    assert (used, members, claimant) == (0, [], None)
+    assert server.execute("EXISTS", f"s:{{{name}}}:h") == 0
+
+
+# --------------------------------------------------------------------------- basics
+
+
+async def test_acquire_k_and_the_permit_releases_exactly_k(
+    client: Client, other: Client, server: RedisServer
+) -> None:
+    sem = client.semaphore("k", 5)
+    assert isinstance(sem, Semaphore) and sem.permits == 5
+    three = await sem.acquire(3)
+    assert isinstance(three, Permit) and three.permits == 3 and three.name == "k"
+    assert not three.lost and three.fencing_token > 0
+    assert await sem.available() == 2
+    one = await other.semaphore("k", 5).acquire()
+    assert one.permits == 1
+    assert await sem.available() == 1 and await sem.in_use() == 4
+    used, members, _ = redis_state(server, "k")
+    assert used == 4 and sorted(m.split("|")[0] for m in members) == ["1", "3"]
+    for key in ("s:{k}", "s:{k}:h", "s:{k}:fence"):
+        assert server.execute("PTTL", key) > 0, f"{key} has a TTL"
+    await three.release()
+    assert await sem.available() == 4
+    await three.release()  # idempotent: never gives back twice
+    assert await sem.available() == 4
+    await one.release()
+    assert await sem.available() == 5
+    assert_nothing_held(server, "k")
+    # Idle at its default N: no key but the fence and the (120 s) release record.
+    assert server.execute("EXISTS", "s:{k}") == 0
+    for key in ("s:{k}:r", "s:{k}:fence"):
+        assert 0 < server.execute("PTTL", key) <= client._retention_ms, f"{key} has a TTL"
+    with pytest.raises(LockNotOwnedError):
+        await sem.release()
+    await assert_clean(client, other)
+
+
+async def test_release_from_task_releases_its_latest_acquisition(client: Client) -> None:
+    sem = client.semaphore("latest", 4)
+    first = await sem.acquire(1)
+    second = await sem.acquire(2)  # not reentrant: a second, separate acquisition
+    assert second.fencing_token > first.fencing_token
+    assert await sem.available() == 1
+    await sem.release()
+    assert second.released and not first.released
+    assert await sem.available() == 3
+
+    async def elsewhere() -> None:
+        with pytest.raises(LockNotOwnedError):
+            await sem.release()  # another task holds nothing
+
+    await asyncio.create_task(elsewhere())
+    await sem.release()
+    assert first.released and await sem.available() == 4
+    await assert_clean(client)
+
+
+async def test_async_with_decorator_and_context_arguments(client: Client) -> None:
+    sem = client.semaphore("ctx", 3)
+    async with sem as permit:
+        assert permit.permits == 1 and await sem.available() == 2
+    async with sem(permits=3, timeout=5, lease=10) as permit:
+        assert permit.permits == 3 and await sem.available() == 0
+    assert await sem.available() == 3
+
+    @sem
+    async def one() -> int:
+        return await sem.available()
+
+    @sem(permits=2)
+    async def two() -> int:
+        return await sem.available()
+
+    assert await one() == 2 and await two() == 1
+    assert await sem.available() == 3
+    await assert_clean(client)
+
+
+async def test_bad_input_is_refused_before_any_round_trip(client: Client) -> None:
+    with pytest.raises(InvalidArgumentTypeError):
+        client.semaphore("bad", "3")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        client.semaphore("bad", 0)
+    with pytest.raises(InvalidArgumentError):
+        client.semaphore("", 1)
+    sem = client.semaphore("bad", 2)
+    for value in (0, -1):
+        with pytest.raises(InvalidArgumentError):
+            await sem.acquire(value)
+    for wrong in (1.5, True, "1", None):
+        with pytest.raises(InvalidArgumentTypeError):
+            await sem.acquire(wrong)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        await sem.try_acquire(1, wait=-1)
+    with pytest.raises(InvalidArgumentError):
+        sem(permits=0)
+    with pytest.raises(InvalidArgumentError):
+        await sem.set_permits(0)
+    assert client.statistics().command_connects == 0, "no round trip was made"
+    # More than N can never be granted: refused at the first try, not waited for.
+    with pytest.raises(InvalidArgumentError, match="2 permits in all"):
+        await sem.acquire(3, timeout=5)
+    await assert_clean(client)
+
+
+# --------------------------------------------------------------------------- at most N
+
+
+async def test_never_more_than_n_holders_across_clients(
+    client: Client, other: Client, third: Client, server: RedisServer
+) -> None:
+    n = 3
+    in_use = 0
+    peak = 0
+    tokens: list[int] = []
+    rng = random.Random(7)
+
+    async def worker(c: Client) -> None:
+        nonlocal in_use, peak
+        sem = c.semaphore("n", n)
+        for _ in range(3):
+            k = rng.choice((1, 1, 2))
+            async with sem(permits=k, timeout=20) as permit:
+                tokens.append(permit.fencing_token)
+                in_use += k
+                peak = max(peak, in_use)
+                assert in_use <= n, f"{in_use} permits held with N={n}"
+                await asyncio.sleep(rng.uniform(0, 0.01))
+                in_use -= k
+
+    await asyncio.wait_for(
+        asyncio.gather(*(worker(c) for c in (client, other, third) for _ in range(3))), 30
+    )
+    assert peak == n, "the test never reached contention"
+    assert len(set(tokens)) == len(tokens) == 27
+    assert_nothing_held(server, "n")
+    await assert_clean(client, other, third)
+
+
+async def test_try_acquire_never_blocks(client: Client, other: Client, server: RedisServer) -> None:
+    held = await other.semaphore("try", 2).acquire(2)
+    sem = client.semaphore("try", 2)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await sem.try_acquire() is None
+    assert loop.time() - started < 0.5, "one try, no waiting"
+    started = loop.time()
+    assert await sem.try_acquire(1, wait=0.2) is None
+    assert 0.2 <= loop.time() - started < 2
+    await eventually(
+        lambda: redis_state(server, "try")[2] is None, what="the claim of the try dropped"
+    )
+    await held.release()
+    got = await sem.try_acquire(2)
+    assert got is not None and got.permits == 2
+    await got.release()
+    await assert_clean(client, other)
+
+
+async def test_available_and_set_permits_while_held(
+    client: Client, other: Client, server: RedisServer
+) -> None:
+    sem = client.semaphore("setn", 2)
+    remote = other.semaphore("setn", 2)
+    a = await sem.acquire()
+    b = await remote.acquire()
+    assert await sem.available() == 0
+    waiter = asyncio.create_task(remote.acquire(timeout=20))
+    await eventually(lambda: other.statistics().waiting == 1, what="a parked waiter")
+    # Raise N: the waiter is woken (its own bound is 30 s away) and gets the new permit.
+    await sem.set_permits(3)
+    c = await asyncio.wait_for(waiter, 10)
+    assert await remote.get_permits() == 3 and sem.permits == 3
+    # Lower N below what is held: holders keep theirs, nobody new gets in.
+    await sem.set_permits(1)
+    assert not (a.lost or b.lost or c.lost)
+    assert await sem.in_use() == 3 and await sem.available() == 0
+    assert await remote.try_acquire() is None
+    late = asyncio.create_task(remote.acquire(timeout=20))
+    await b.release()
+    await c.release()
+    await asyncio.sleep(0.2)
+    assert not late.done(), "1 permit in use and N=1: still full"
+    await a.release()
+    d = await asyncio.wait_for(late, 10)
+    # A waiter asking for more than N is told so when N is lowered below what it asks.
+    await sem.set_permits(2)
+    too_big = asyncio.create_task(remote.acquire(2, timeout=20))
+    await eventually(lambda: other.statistics().waiting == 1, what="the big waiter parked")
+    await sem.set_permits(1)
+    with pytest.raises(InvalidArgumentError, match="1 permits in all"):
+        await asyncio.wait_for(too_big, 10)
+    await d.release()
+    assert_nothing_held(server, "setn")
+    # A changed N outlives the holders (for the retention time), idle or not.
+    assert server.execute("HGET", "s:{setn}", "n") == "1"
+    assert 0 < server.execute("PTTL", "s:{setn}") <= client._retention_ms
+    assert await client.semaphore("setn", 2).get_permits() == 1
+    await assert_clean(client, other)
+
+
+# --------------------------------------------------------------------------- wake-ups
+
+
+async def test_release_of_k_permits_wakes_k_waiters(
+    client: Client, other: Client, third: Client
+) -> None:
+    holder = await client.semaphore("wake", 3).acquire(3, lease=30)  # expires far away
+    waiters = [
+        asyncio.create_task(c.semaphore("wake", 3).acquire(timeout=20))
+        for c in (other, other, third, third)
+    ]
+    await eventually(
+        lambda: other.statistics().waiting + third.statistics().waiting == 4, what="4 parked"
+    )
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await holder.release()
+    # Three were granted quickly (woken, not by their 30 s bound); the fourth still waits.
+    await eventually(lambda: sum(t.done() for t in waiters) == 3, what="3 granted")
+    assert loop.time() - started < 5
+    await asyncio.sleep(0.2)
+    assert sum(t.done() for t in waiters) == 3
+    granted = [t.result() for t in waiters if t.done()]
+    await granted[0].release()  # one permit back: the fourth gets it
+    await asyncio.wait_for(asyncio.gather(*waiters), 10)
+    for task in waiters:
+        if not task.result().released:
+            await task.result().release()
+    await assert_clean(client, other, third)
+
+
+async def test_big_waiter_is_not_starved_by_small_ones(
+    client: Client, other: Client, third: Client, server: RedisServer
+) -> None:
+    n = 4
+    stop = asyncio.Event()
+    small_grants = 0
+
+    async def small(c: Client) -> None:
+        nonlocal small_grants
+        sem = c.semaphore("starve", n)
+        while not stop.is_set():
+            async with sem(timeout=20):
+                small_grants += 1
+                await asyncio.sleep(rng.uniform(0.01, 0.03))
+
+    # Eight small ones keep all four permits busy: they are never all free at once.
+    rng = random.Random(3)
+    smalls = [asyncio.create_task(small(c)) for c in (other, third) for _ in range(4)]
+    await eventually(lambda: small_grants > 20, what="the small ones running")
+    big = await client.semaphore("starve", n).acquire(n, timeout=5)
+    assert big.permits == n and await client.semaphore("starve", n).available() == 0
+    before = small_grants
+    await asyncio.sleep(0.1)
+    assert small_grants == before, "nobody else got in while the big waiter held all"
+    await big.release()
+    await eventually(lambda: small_grants > before, what="the small ones resumed")
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*smalls), 20)
+    assert_nothing_held(server, "starve")
+    await assert_clean(client, other, third)
+
+
+async def test_the_longest_waiter_takes_the_claim_over(
+    client: Client, other: Client, third: Client, server: RedisServer
+) -> None:
+    holder = await client.semaphore("old", 2).acquire(2)
+    first = asyncio.create_task(other.semaphore("old", 2).acquire(1))
+    await eventually(lambda: (redis_state(server, "old")[2] or "").startswith("1|"), what="a claim")
+    # The big waiter fails while the small one holds the claim: it waits unclaimed.
+    big = asyncio.create_task(third.semaphore("old", 2).acquire(2))
+    await eventually(lambda: third.statistics().waiting == 1, what="the big waiter waiting")
+    assert (redis_state(server, "old")[2] or "").startswith("1|")
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    # A younger small waiter may take the free claim, but the big one, older,
+    # takes it over on its next try.
+    young = asyncio.create_task(other.semaphore("old", 2).acquire(1))
+    await eventually(
+        lambda: (redis_state(server, "old")[2] or "").startswith("2|"), what="the big one's claim"
+    )
+    await holder.release()
+    permit = await asyncio.wait_for(big, 20)
+    assert permit.permits == 2 and not young.done()
+    await permit.release()
+    small = await asyncio.wait_for(young, 20)
+    await small.release()
+    assert_nothing_held(server, "old")
+    await assert_clean(client, other, third)
+
+
+async def test_a_cancelled_claimant_gives_way_at_once(
+    client: Client, other: Client, server: RedisServer
+) -> None:
+    held = await other.semaphore("claim", 3).acquire(2)
+    big = asyncio.create_task(client.semaphore("claim", 3).acquire(3))
+    await eventually(lambda: redis_state(server, "claim")[2] is not None, what="a claim")
+    # The claim keeps the free permit for the big waiter ...
+    assert await other.semaphore("claim", 3).try_acquire() is None
+    big.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await big
+    # ... and is dropped as soon as it gives up.
+    await eventually(lambda: redis_state(server, "claim")[2] is None, what="claim dropped")
+    small = await other.semaphore("claim", 3).try_acquire()
+    assert small is not None
+    await small.release()
+    await held.release()
+    await assert_clean(client, other)
+
+
+# --------------------------------------------------------------------------- leases
+
+
+async def test_fencing_tokens_strictly_increase(client: Client, other: Client) -> None:
+    tokens = []
+    for i in range(6):
+        c = (client, other)[i % 2]
+        permit = await c.semaphore("fence", 2).acquire(1 + i % 2)
+        tokens.append(permit.fencing_token)
+        await permit.release()
+    a = await client.semaphore("fence", 2).acquire()
+    b = await other.semaphore("fence", 2).acquire()
+    tokens += [a.fencing_token, b.fencing_token]
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+    await a.release()
+    await b.release()
+    await assert_clean(client, other)
+
+
+async def test_fixed_lease_holder_that_never_releases_gives_permits_back(
+    client: Client, other: Client, server: RedisServer
+) -> None:
+    sem = other.semaphore("fixed", 2)
+    stale = await sem.acquire(2, lease=0.2)
+    await stale.extend(0.5)  # a fixed lease is moved, never shortened
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    got = await client.semaphore("fixed", 2).acquire(2, timeout=10)
+    assert 0.3 < loop.time() - started < 3, "granted when the extended lease ran out"
+    await eventually(lambda: stale.lost, what="the fixed lease to be marked lost")
+    with pytest.raises(LockNotOwnedError):
+        await stale.release()
+    assert got.fencing_token > stale.fencing_token
+    await got.release()
+    assert_nothing_held(server, "fixed")
+    await assert_clean(client, other)
+
+
+_HOLDER = """
+import asyncio, sys
+from aiolock import Client
+
+async def main():
+    client = Client.from_url(sys.argv[1], prefix="s", lease=0.6)
+    await client.semaphore("crash", 3).acquire(2)
+    print("held", flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def test_sigkilled_holder_permits_come_back_within_its_lease(
+    client: Client, url: str, server: RedisServer
+) -> None:
+    """A real process holds 2 of 3 permits under its watchdog and is SIGKILLed."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HOLDER, url, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 20)
+        assert line.strip() == b"held"
+        sem = client.semaphore("crash", 3)
+        await asyncio.sleep(0.8)  # longer than its 0.6 s lease: only its watchdog kept it
+        assert await sem.available() == 1 and await sem.try_acquire(2) is None
+        proc.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(proc.wait(), 10)
+        killed = time.monotonic()
+        permit = await sem.acquire(3, timeout=10)
+        assert time.monotonic() - killed < 2.5, "back within one lease (0.6 s) plus slack"
+        await permit.release()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert_nothing_held(server, "crash")
+    await assert_clean(client)
+
+
+async def test_lost_lease_cancels_the_body(client: Client, server: RedisServer) -> None:
+    sem = client.semaphore("lost", 2)
+    reached_end = False
+    with pytest.raises(LockLostError):
+        async with sem(permits=2) as permit:
+            server.execute("DEL", "s:{lost}:h")  # the hold vanishes from Redis
+            await asyncio.sleep(30)  # cancelled at the next renewal (0.3 s)
+            reached_end = True
+    assert not reached_end and permit.lost
+    with pytest.raises(LockLostError, match="fixed lease"):
+        async with sem(lease=0.2):
+            await asyncio.sleep(30)
+    assert current_cancelling() == 0
+    await assert_clean(client)
+
+
+def current_cancelling() -> int:
+    task = asyncio.current_task()
+    assert task is not None
+    return task.cancelling()
+
+
+# --------------------------------------------------------------------------- cancellation
+
+
+async def test_cancel_after_the_grant_before_the_reply_was_read(
+    client: Client, server: RedisServer
+) -> None:
+    sem = client.semaphore("late", 2)
+    await sem.available()  # connect first
+    task = asyncio.create_task(sem.acquire(2))
+    await asyncio.sleep(0)  # the acquire is on the wire
+    time.sleep(0.1)  # noqa: ASYNC251 (block the loop: the reply arrives, unread)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert server.execute("EXISTS", "s:{late}:fence") == 1, "the script did run"
+    await assert_clean(client)
+    assert_nothing_held(server, "late")
+
+
+async def test_cancelled_release_still_completes(client: Client, server: RedisServer) -> None:
+    permit = await client.semaphore("rel", 1).acquire()
+    task = asyncio.create_task(permit.release())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await eventually(lambda: redis_state(server, "rel")[1] == [], what="released in Redis")
+    await permit.release()  # a retry: idempotent
+    await assert_clean(client)
+
+
+async def test_random_cancellation_fuzz_leaves_nothing_behind(
+    client: Client, other: Client, server: RedisServer
+) -> None:
+    n = 3
+    rng = random.Random(11)
+    loop = asyncio.get_running_loop()
+    in_use = 0
+    granted = cancelled = 0
+
+    async def contender(c: Client) -> None:
+        nonlocal in_use, granted
+        sem = c.semaphore("fuzz", n)
+        k = rng.choice((1, 1, 2, 3))
+        mode = rng.random()
+        permit: Permit | None
+        if mode < 0.5:
+            async with sem(permits=k) as permit:
+                in_use += k
+                try:
+                    assert in_use <= n
+                    granted += 1
+                    await asyncio.sleep(0)
+                finally:
+                    in_use -= k
+            return
+        if mode < 0.8:
+            permit = await sem.try_acquire(k, wait=rng.choice([0.0, 0.002, 0.05]))
+        else:
+            permit = await sem.acquire(k, timeout=rng.choice([0.001, 0.01, 1.0]))
+        if permit is not None:
+            in_use += k
+            assert in_use <= n
+            granted += 1
+            in_use -= k
+            await permit.release()
+
+    for _ in range(40):
+        tasks = [asyncio.create_task(contender(rng.choice((client, other)))) for _ in range(8)]
+        requested: dict[asyncio.Task[None], bool] = {}
+        for task in tasks:
+            if rng.random() < 0.6:
+
+                def cancel(
+                    t: asyncio.Task[None] = task,
+                    requested: dict[asyncio.Task[None], bool] = requested,
+                ) -> None:
+                    requested[t] = t.cancel()
+
+                loop.call_later(rng.choice([0.0, rng.uniform(0, 0.003), 0.01]), cancel)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(0.012)
+        for task, result in zip(tasks, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                cancelled += 1
+            elif isinstance(result, BaseException) and not isinstance(result, TimeoutError):
+                raise result
+            if requested.get(task):
+                assert task.cancelled(), "a delivered cancellation was swallowed"
+    assert granted > 25 and cancelled > 40, (granted, cancelled)
+    await assert_clean(client, other)
+    assert_nothing_held(server, "fuzz")
+
+
+# --------------------------------------------------------------------------- keys

@@ -1,0 +1,97 @@
+"""SpinLock: the AsyncLock protocol by polling, never sleeping past the deadline."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from aiolock import Backoff, Client, InvalidArgumentError, LockTimeoutError
+from aiolock._spin import SpinLock
+from tests.core_util import assert_clean
+
+
+@pytest.fixture
+async def client(url: str) -> AsyncIterator[Client]:
+    async with Client.from_url(url, prefix="s") as c:
+        yield c
+
+
+@pytest.fixture
+async def other(url: str) -> AsyncIterator[Client]:
+    async with Client.from_url(url, prefix="s") as c:
+        yield c
+
+
+async def test_spin_lock_never_subscribes(client: Client, other: Client) -> None:
+    spin = client.spin_lock("k")
+    assert isinstance(spin, SpinLock)
+    held = await other.lock("k").acquire()  # one lock: same keys as AsyncLock
+    waiter = asyncio.create_task(spin.acquire(timeout=20))
+    await asyncio.sleep(0.1)
+    assert client.statistics().subscriptions == 0
+    assert client._listener.connects == 0
+    await held.release()
+    lease = await waiter
+    assert lease.fencing_token > held.fencing_token
+    await lease.release()
+    await assert_clean(client, other)
+
+
+async def test_last_sleep_is_cut_to_the_deadline(client: Client, other: Client) -> None:
+    """The issue's case, scaled 10x down: a doubling backoff from 5 ms sleeps
+    5, 10, 20, 40, 80, 160 ms (315 ms in all); the next sleep, 320 ms, would
+    end at 635 ms. The lock is freed at 316 ms and the wait is 500 ms: a
+    naive spinner gives up at 500 ms; ours sleeps only to the deadline and
+    makes one last attempt there, and gets the lock.
+    """
+    backoff = Backoff(initial=0.005, factor=2.0, maximum=10.0, jitter=0.0)
+    spin = client.spin_lock("deadline", backoff=backoff)
+    held = await other.lock("deadline").acquire()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    loop.call_later(0.316, lambda: asyncio.ensure_future(held.release()))
+    lease = await spin.try_acquire(0.5)
+    elapsed = loop.time() - start
+    assert lease is not None, "gave up although the lock was free before the deadline"
+    assert elapsed < 0.5 + 1.0  # at the deadline (plus a reply), never a whole 320 ms sleep late
+    await lease.release()
+    await assert_clean(client, other)
+
+
+async def test_spin_timeout_is_honoured(client: Client, other: Client) -> None:
+    held = await other.lock("busy").acquire()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(LockTimeoutError):
+        await client.spin_lock("busy", backoff=Backoff(initial=0.2, maximum=5)).acquire(
+            timeout=0.3
+        )
+    assert loop.time() - start < 0.3 + 1.0
+    await held.release()
+
+
+def test_backoff_validation_and_shape() -> None:
+    b = Backoff(initial=0.01, factor=2, maximum=0.05, jitter=0)
+    assert [b.delay(i) for i in range(5)] == [0.01, 0.02, 0.04, 0.05, 0.05]
+    jittered = Backoff(initial=0.1, maximum=0.1, jitter=0.5)
+    assert all(0.05 <= jittered.delay(3) <= 0.1 for _ in range(100))
+    with pytest.raises(InvalidArgumentError):
+        Backoff(initial=-1)
+    with pytest.raises(InvalidArgumentError):
+        Backoff(factor=0.5)
+    with pytest.raises(InvalidArgumentError):
+        Backoff(jitter=2)
+    with pytest.raises(InvalidArgumentError):
+        Backoff(initial=1, maximum=0.5)
+
+
+def test_ttl_hint_never_waits_a_lease_for_an_expiring_holder() -> None:
+    """PTTL 0 (under a millisecond left) once made a waiter sleep a whole lease."""
+    from aiolock._primitive import ttl_hint
+
+    assert ttl_hint(-1) is None  # no TTL: wait for the release message
+    assert ttl_hint(0) == 0.001
+    assert ttl_hint(-2) == 0.001  # gone: retry at once
+    assert ttl_hint(1500) == 1.5
