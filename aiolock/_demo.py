@@ -1,0 +1,762 @@
+"""``aiolock demo``: the library's main job in one picture, with its proof.
+
+Several worker processes, each with many asyncio tasks, contend for a few
+named locks. Under the lock every task does a deliberately racy
+read-modify-write of a counter in Redis (read, yield to the event loop, write
+the value plus one), so any gap in mutual exclusion loses an update. Every
+hold is recorded: its lock, its fencing token and three timestamps.
+
+At the end the parent process checks the records against Redis:
+
+* **no lost update**: each lock's counter equals the number of completed holds;
+* **no two holders at once**: an occupancy counter in Redis never saw two
+  holders, and no two recorded holds of one lock overlap in time;
+* **fencing tokens strictly increasing per lock**: in the order the holds
+  happened, and against the last token written to Redis under the lock;
+* and that no lease was lost and nothing was left behind.
+
+Timestamps are ``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every
+process on a machine, so holds of different processes can be compared (the
+demo's processes all run here). *Handoff latency* is the time from the
+moment a holder starts to release (its work is done) to the moment the next
+holder's ``acquire`` returns, counted only when that next holder was already
+waiting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import math
+import multiprocessing
+import queue
+import random
+import secrets
+import signal
+import sys
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import redis
+import redis.asyncio as aioredis
+
+from ._embedded import NoServerBinaryError, Resolved, resolve
+
+__all__ = ["add_arguments", "run"]
+
+# One hold: (lock index, fencing token, wait started, acquired, work done), ns.
+Record = tuple[int, int, int, int, int]
+
+TICK = 0.25  # how often workers report, seconds
+WINDOW = 2.0  # live figures cover the last this many seconds
+READY_TIMEOUT = 60.0
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    url: str
+    prefix: str
+    processes: int
+    tasks: int
+    locks: int
+    duration: float
+    uvloop: bool
+    use_lock: bool
+
+    def lock_name(self, i: int) -> str:
+        return f"lock-{i}"
+
+    def data_key(self, i: int, what: str) -> str:
+        # Demo data lives under the same prefix, so one SCAN cleans up everything.
+        return f"{self.prefix}:data:{self.lock_name(i)}:{what}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url",
+        help="Redis/Valkey URL (default: $REDIS_URL, else localhost:6379 if it answers, "
+        "else an embedded server)",
+    )
+    parser.add_argument(
+        "--embedded",
+        action="store_true",
+        help="always start an embedded server, even if one answers on localhost:6379",
+    )
+    parser.add_argument("--processes", type=_positive_int, default=4, help="default: 4")
+    parser.add_argument("--tasks", type=_positive_int, default=50, help="per process; default: 50")
+    parser.add_argument("--locks", type=_positive_int, default=3, help="default: 3")
+    parser.add_argument("--duration", type=_positive_float, default=8.0, help="seconds; default: 8")
+    parser.add_argument("--uvloop", action="store_true", help="run the workers on uvloop")
+    parser.add_argument(
+        "--plain", action="store_true", help="plain progress lines even on a terminal"
+    )
+    parser.add_argument(
+        "--no-lock",
+        dest="use_lock",
+        action="store_false",
+        help="run the same racy workload WITHOUT the lock, to watch the checks catch it (exits 1)",
+    )
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+@dataclass(slots=True)
+class _WorkerStats:
+    waiting: int = 0
+    acquisitions: int = 0
+    overlaps: int = 0  # the occupancy counter saw another holder
+    token_regressions: int = 0  # a token not above the last one written under the lock
+    lost: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def _worker_entry(cfg: Config, wid: int, out: Any, go: Any, start_at: Any) -> None:
+    """The body of one worker process (spawned: a fresh interpreter)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    try:
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+        if cfg.uvloop:
+            import uvloop
+
+            factory = uvloop.new_event_loop
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(_worker(cfg, wid, out, go, start_at))
+    except BaseException:
+        out.put(("error", wid, traceback.format_exc()))
+
+
+async def _worker(cfg: Config, wid: int, out: Any, go: Any, start_at: Any) -> None:
+    from . import Client, LockLostError, LockTimeoutError
+
+    loop = asyncio.get_running_loop()
+    stats = _WorkerStats()
+    records: list[Record] = []
+    data = aioredis.Redis.from_url(cfg.url, client_name=f"{cfg.prefix}-data")
+    client = Client.from_url(cfg.url, prefix=cfg.prefix)
+    try:
+        locks = [client.lock(cfg.lock_name(i)) for i in range(cfg.locks)]
+        # Connect everything before the start, so the clock measures locking only.
+        await data.ping()
+        await locks[0].is_locked()
+        out.put(("ready", wid, f"aiolock:{client.id[:12]}"))
+        await loop.run_in_executor(None, go.wait)
+        deadline = start_at.value + int(cfg.duration * 1e9)
+
+        async def critical(i: int, token: int, waited: int, entered: int) -> None:
+            counter, occupancy, last = (cfg.data_key(i, k) for k in ("counter", "occ", "token"))
+            async with data.pipeline(transaction=False) as pipe:
+                pipe.incr(occupancy)
+                pipe.get(counter)
+                pipe.get(last)
+                occupants, value, last_token = await pipe.execute()
+            if occupants != 1:
+                stats.overlaps += 1
+            if last_token is not None and int(last_token) >= token:
+                stats.token_regressions += 1
+            await asyncio.sleep(0)  # the race: other tasks run between read and write
+            async with data.pipeline(transaction=False) as pipe:
+                pipe.set(counter, int(value or 0) + 1)
+                pipe.set(last, token)
+                pipe.decr(occupancy)
+                _, _, left = await pipe.execute()
+            if left != 0:
+                stats.overlaps += 1
+            records.append((i, token, waited, entered, time.monotonic_ns()))
+            stats.acquisitions += 1
+
+        async def task_loop(tid: int) -> None:
+            rng = random.Random(wid * 1_000_003 + tid)
+            while True:
+                now = time.monotonic_ns()
+                if now >= deadline:
+                    return
+                i = rng.randrange(cfg.locks)
+                stats.waiting += 1
+                waiting = True
+                try:
+                    if cfg.use_lock:
+                        async with locks[i](timeout=(deadline - now) / 1e9) as lease:
+                            entered = time.monotonic_ns()
+                            stats.waiting -= 1
+                            waiting = False
+                            await critical(i, lease.fencing_token, now, entered)
+                    else:
+                        token = int(await data.incr(cfg.data_key(i, "tokens")))
+                        entered = time.monotonic_ns()
+                        stats.waiting -= 1
+                        waiting = False
+                        await critical(i, token, now, entered)
+                except LockTimeoutError:
+                    return  # the run is over
+                except LockLostError:
+                    stats.lost += 1
+                except Exception as exc:
+                    stats.errors.append(f"task {tid}: {exc!r}")
+                    if len(stats.errors) > 20:
+                        return
+                finally:
+                    if waiting:
+                        stats.waiting -= 1
+
+        def report(final: bool = False) -> None:
+            batch = records[:]
+            records.clear()
+            s = client.statistics()
+            snapshot = {
+                "acquisitions": stats.acquisitions,
+                "waiting": stats.waiting,
+                "client_waiting": s.waiting,
+                "holds": s.holds,
+                "in_flight": s.in_flight,
+                "subscriptions": s.subscriptions,
+                "background": s.background,
+                "at": time.monotonic_ns(),
+            }
+            out.put(("tick", wid, snapshot, batch))
+            if final:
+                out.put(
+                    (
+                        "done",
+                        wid,
+                        {
+                            "overlaps": stats.overlaps,
+                            "token_regressions": stats.token_regressions,
+                            "lost": stats.lost,
+                            "errors": stats.errors,
+                            "holds": s.holds,
+                            "client_waiting": s.waiting,
+                        },
+                    )
+                )
+
+        tasks = [asyncio.create_task(task_loop(t)) for t in range(cfg.tasks)]
+        done = asyncio.ensure_future(asyncio.gather(*tasks))
+        while not done.done():
+            await asyncio.wait([done], timeout=TICK)
+            report()
+        await done
+        # Let releases and clean-ups that are still on the wire settle.
+        for _ in range(100):
+            if client.statistics().background == 0:
+                break
+            await asyncio.sleep(0.01)
+        report(final=True)
+    finally:
+        await client.aclose()
+        await data.aclose()
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+def _percentile(sorted_values: list[int], q: float) -> float:
+    if not sorted_values:
+        return math.nan
+    k = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return float(sorted_values[k])
+
+
+def handoffs(records: list[Record], settled: int | None = None) -> list[int]:
+    """Handoff latencies, ns: per lock, in hold order, from one holder's end of work
+    to the next holder's acquire returning, when that holder was already waiting."""
+    by_lock: dict[int, list[Record]] = {}
+    for rec in records:
+        by_lock.setdefault(rec[0], []).append(rec)
+    out: list[int] = []
+    for recs in by_lock.values():
+        recs.sort(key=lambda r: r[3])
+        for prev, cur in itertools.pairwise(recs):
+            if settled is not None and cur[3] > settled:
+                break
+            if cur[2] <= prev[4] <= cur[3]:
+                out.append(cur[3] - prev[4])
+    return out
+
+
+def _ms(ns: float) -> str:
+    if math.isnan(ns):
+        return "-"
+    ms = ns / 1e6
+    return f"{ms:.2f} ms" if ms < 10 else f"{ms:.1f} ms"
+
+
+@dataclass(slots=True)
+class _Live:
+    """What the parent knows while the workers run."""
+
+    cfg: Config
+    started: int = 0
+    snapshots: dict[int, dict[str, Any]] = field(default_factory=dict)
+    totals: deque[tuple[int, int]] = field(default_factory=deque)  # (at, total acquisitions)
+    recent: deque[Record] = field(default_factory=deque)
+    records: list[Record] = field(default_factory=list)
+    connections: str = "-"
+
+    def add(self, wid: int, snapshot: dict[str, Any], batch: list[Record]) -> None:
+        self.snapshots[wid] = snapshot
+        self.records.extend(batch)
+        self.recent.extend(batch)
+
+    def figures(self) -> dict[str, Any]:
+        now = time.monotonic_ns()
+        total = sum(s["acquisitions"] for s in self.snapshots.values())
+        self.totals.append((now, total))
+        while self.totals and self.totals[0][0] < now - int(1e9):
+            self.totals.popleft()
+        first_at, first_total = self.totals[0]
+        span = (now - first_at) / 1e9
+        rate = (total - first_total) / span if span > 0.2 else math.nan
+        while self.recent and self.recent[0][4] < now - int(WINDOW * 1e9):
+            self.recent.popleft()
+        # A hold can be paired with its predecessor once every worker has reported
+        # past its start (a worker's tick carries everything that ended before it).
+        settled = min((s["at"] for s in self.snapshots.values()), default=0)
+        lat = sorted(handoffs(list(self.recent), settled))
+        per_lock = [0] * self.cfg.locks
+        for rec in self.records:
+            per_lock[rec[0]] += 1
+        per_process = [
+            self.snapshots.get(w, {}).get("acquisitions", 0) for w in range(self.cfg.processes)
+        ]
+        return {
+            "elapsed": (now - self.started) / 1e9 if self.started else 0.0,
+            "total": total,
+            "rate": rate,
+            "p50": _percentile(lat, 0.50),
+            "p99": _percentile(lat, 0.99),
+            "waiting": sum(s["waiting"] for s in self.snapshots.values()),
+            "in_flight": sum(s["in_flight"] for s in self.snapshots.values()),
+            "connections": self.connections,
+            "per_lock": per_lock,
+            "per_process": per_process,
+        }
+
+
+def _count_connections(admin: redis.Redis, cfg: Config, names: set[str]) -> str:
+    try:
+        clients = admin.client_list()
+    except redis.RedisError:
+        return "n/a (CLIENT LIST refused)"
+    ours = sum(1 for c in clients if c.get("name") in names)
+    data = sum(1 for c in clients if c.get("name") == f"{cfg.prefix}-data")
+    return f"{ours} aiolock (command + pub/sub per process) + {data} for the demo's own reads"
+
+
+class _PlainView:
+    def __init__(self, cfg: Config, out: TextIO) -> None:
+        self.cfg = cfg
+        self.out = out
+        self.last = 0.0
+
+    def update(self, f: dict[str, Any], force: bool = False) -> None:
+        if not force and f["elapsed"] - self.last < 1.0:
+            return
+        self.last = f["elapsed"]
+        rate = "-" if math.isnan(f["rate"]) else f"{f['rate']:,.0f}"
+        print(
+            f"  {f['elapsed']:5.1f}s  acquisitions/s {rate:>7}  "
+            f"handoff p50 {_ms(f['p50'])} p99 {_ms(f['p99'])}  "
+            f"waiting {f['waiting']}/{self.cfg.processes * self.cfg.tasks}  "
+            f"connections {f['connections']}",
+            file=self.out,
+            flush=True,
+        )
+
+    def close(self) -> None:
+        pass
+
+
+class _RichView:
+    def __init__(self, cfg: Config, header: str) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.cfg = cfg
+        self.header = header
+        self.console = Console()
+        self.live = Live(console=self.console, refresh_per_second=8, transient=False)
+        self.live.start()
+
+    def update(self, f: dict[str, Any], force: bool = False) -> None:
+        from rich.panel import Panel
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        cfg = self.cfg
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold")
+        grid.add_column()
+        elapsed = min(f["elapsed"], cfg.duration)
+        clock = Table.grid(padding=(0, 1))
+        clock.add_row(
+            ProgressBar(total=cfg.duration, completed=elapsed, width=30),
+            f"{elapsed:.1f} / {cfg.duration:g} s",
+        )
+        grid.add_row("elapsed", clock)
+        rate = "-" if math.isnan(f["rate"]) else f"{f['rate']:,.0f}"
+        grid.add_row("acquisitions/s", f"[cyan]{rate}[/]   (total {f['total']:,})")
+        grid.add_row("handoff p50 / p99", f"[cyan]{_ms(f['p50'])}[/] / [cyan]{_ms(f['p99'])}[/]")
+        grid.add_row("tasks waiting", f"{f['waiting']:,} of {cfg.processes * cfg.tasks:,}")
+        grid.add_row("connections in use", f["connections"])
+        grid.add_row("commands in flight", f"{f['in_flight']:,}")
+        grid.add_row(
+            "holds per lock",
+            " · ".join(f"{cfg.lock_name(i)} {n:,}" for i, n in enumerate(f["per_lock"])),
+        )
+        total = max(1, sum(f["per_process"]))
+        grid.add_row(
+            "share per process",
+            " · ".join(f"{100 * n / total:.0f}%" for n in f["per_process"]),
+        )
+        self.live.update(
+            Panel(grid, title=self.header, title_align="left", expand=False), refresh=force
+        )
+
+    def close(self) -> None:
+        self.live.stop()
+
+
+def _make_view(cfg: Config, plain: bool, header: str, out: TextIO) -> _PlainView | _RichView:
+    if not plain and out.isatty():
+        try:
+            return _RichView(cfg, header)
+        except ImportError:
+            pass
+    return _PlainView(cfg, out)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def verify(
+    cfg: Config,
+    records: list[Record],
+    finals: dict[int, dict[str, Any]],
+    admin: redis.Redis,
+) -> list[Check]:
+    checks: list[Check] = []
+    per_lock: dict[int, list[Record]] = {i: [] for i in range(cfg.locks)}
+    for rec in records:
+        per_lock[rec[0]].append(rec)
+
+    # 1. no lost update
+    parts, ok = [], True
+    for i, recs in per_lock.items():
+        raw = admin.get(cfg.data_key(i, "counter"))
+        counter = int(raw) if raw is not None else 0
+        ok = ok and counter == len(recs)
+        sign = "=" if counter == len(recs) else "!="
+        parts.append(f"{cfg.lock_name(i)} {counter:,} {sign} {len(recs):,}")
+    checks.append(Check("no lost update", ok, "counter vs completed holds: " + ", ".join(parts)))
+
+    # 2. no two holders at once
+    seen_by_redis = sum(f["overlaps"] for f in finals.values())
+    overlapping = 0
+    for recs in per_lock.values():
+        recs.sort(key=lambda r: r[3])
+        overlapping += sum(1 for prev, cur in itertools.pairwise(recs) if cur[3] < prev[4])
+    checks.append(
+        Check(
+            "no two holders at once",
+            seen_by_redis == 0 and overlapping == 0,
+            f"{len(records):,} holds; occupancy counter in Redis saw {seen_by_redis:,} "
+            f"intruders; {overlapping:,} overlapping hold intervals",
+        )
+    )
+
+    # 3. fencing tokens strictly increasing per lock (records are sorted by start now)
+    out_of_order = 0
+    for recs in per_lock.values():
+        out_of_order += sum(1 for prev, cur in itertools.pairwise(recs) if cur[1] <= prev[1])
+    stale = sum(f["token_regressions"] for f in finals.values())
+    checks.append(
+        Check(
+            "fencing tokens strictly increasing per lock",
+            out_of_order == 0 and stale == 0,
+            f"{out_of_order:,} out of order in hold order; {stale:,} not above the last "
+            "token written under the lock",
+        )
+    )
+
+    # 4. every lease held to the end, no errors
+    lost = sum(f["lost"] for f in finals.values())
+    errors = [e for f in finals.values() for e in f["errors"]]
+    checks.append(
+        Check(
+            "no lease lost, no error",
+            lost == 0 and not errors,
+            f"{lost} leases lost, {len(errors)} errors"
+            + (f" (first: {errors[0]})" if errors else ""),
+        )
+    )
+
+    # 5. nothing left behind
+    left = [
+        cfg.lock_name(i)
+        for i in range(cfg.locks)
+        if admin.exists(f"{cfg.prefix}:{{{cfg.lock_name(i)}}}")
+    ]
+    holds = sum(f["holds"] for f in finals.values())
+    waiting = sum(f["client_waiting"] for f in finals.values())
+    checks.append(
+        Check(
+            "nothing left behind",
+            not left and holds == 0 and waiting == 0,
+            f"lock keys still set: {', '.join(left) or 'none'}; "
+            f"holds {holds}, waiters {waiting} left in the clients",
+        )
+    )
+    return checks
+
+
+def _cleanup(admin: redis.Redis, prefix: str) -> None:
+    with contextlib.suppress(redis.RedisError):
+        keys = list(admin.scan_iter(match=f"{prefix}:*", count=1000))
+        for i in range(0, len(keys), 500):
+            admin.delete(*keys[i : i + 500])
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _say(out: TextIO, text: str = "") -> None:
+    print(text, file=out, flush=True)
+
+
+def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Run the demo; returns the exit code (0: all checks passed, 1: a check
+    failed, 2: the demo could not run)."""
+    if args.uvloop:
+        try:
+            import uvloop  # noqa: F401
+        except ImportError:
+            _say(out, "--uvloop: uvloop is not installed (python -m pip install uvloop)")
+            return 2
+    try:
+        resolved = resolve(args.url, embedded=args.embedded)
+    except (NoServerBinaryError, RuntimeError) as exc:
+        _say(out, f"aiolock demo: {exc}")
+        return 2
+    try:
+        return _run_on(args, resolved, out)
+    finally:
+        if resolved.embedded is not None:
+            resolved.embedded.stop()
+            _say(out, f"stopped the embedded {resolved.embedded.binary.kind}.")
+
+
+def _run_on(args: argparse.Namespace, resolved: Resolved, out: TextIO) -> int:
+    cfg = Config(
+        url=resolved.url,
+        prefix=f"aiolock-demo-{secrets.token_hex(4)}",
+        processes=args.processes,
+        tasks=args.tasks,
+        locks=args.locks,
+        duration=args.duration,
+        uvloop=args.uvloop,
+        use_lock=args.use_lock,
+    )
+    loop_name = "uvloop" if cfg.uvloop else "asyncio"
+    header = (
+        f"aiolock demo, {cfg.processes} processes x {cfg.tasks} tasks, {cfg.locks} locks, "
+        f"{cfg.duration:g} s, {loop_name}" + ("" if cfg.use_lock else ", WITHOUT THE LOCK")
+    )
+    _say(out, header)
+    _say(out, f"server: {resolved.how}")
+    admin = redis.Redis.from_url(cfg.url, client_name="aiolock-demo-monitor")
+    try:
+        admin.ping()
+    except redis.RedisError as exc:
+        _say(out, f"aiolock demo: cannot reach the server: {exc}")
+        return 2
+    try:
+        return _drive(cfg, admin, header, args.plain, out)
+    finally:
+        _cleanup(admin, cfg.prefix)
+        admin.close()
+
+
+def _drive(cfg: Config, admin: redis.Redis, header: str, plain: bool, out: TextIO) -> int:
+    ctx = multiprocessing.get_context("spawn")
+    messages: Any = ctx.Queue()
+    go = ctx.Event()
+    start_at = ctx.Value("q", 0)
+    procs = [
+        ctx.Process(
+            target=_worker_entry,
+            args=(cfg, w, messages, go, start_at),
+            name=f"aiolock-demo-{w}",
+            daemon=True,
+        )
+        for w in range(cfg.processes)
+    ]
+    _say(out, f"starting {cfg.processes} worker processes ...")
+    for p in procs:
+        p.start()
+    live = _Live(cfg)
+    finals: dict[int, dict[str, Any]] = {}
+    failures: list[str] = []
+    view: _PlainView | _RichView | None = None
+    try:
+        ready: set[int] = set()
+        names: set[str] = set()
+        for msg in _receive(messages, procs, READY_TIMEOUT, lambda: len(ready) == len(procs)):
+            if msg is None:
+                continue
+            if msg[0] == "ready":
+                ready.add(msg[1])
+                names.add(msg[2])
+            elif msg[0] == "error":
+                failures.append(f"worker {msg[1]}:\n{msg[2]}")
+                break
+        if failures or len(ready) < len(procs):
+            _say(out, "aiolock demo: a worker failed to start:")
+            _say(out, "\n".join(failures) or "  (timed out waiting for the workers)")
+            return 2
+        live.started = time.monotonic_ns()
+        start_at.value = live.started
+        go.set()
+        view = _make_view(cfg, plain, header, out)
+        next_poll = 0.0
+        limit = cfg.duration + 60.0
+        for msg in _receive(messages, procs, limit, lambda: len(finals) == len(procs)):
+            if msg is None:
+                dead = [w for w, p in enumerate(procs) if p.exitcode is not None]
+                dead = [w for w in dead if w not in finals]
+                if dead and messages.empty():
+                    failures.extend(
+                        f"worker {w} exited with code {procs[w].exitcode} before it finished"
+                        for w in dead
+                    )
+                    break
+            else:
+                kind, wid = msg[0], msg[1]
+                if kind == "tick":
+                    live.add(wid, msg[2], msg[3])
+                elif kind == "done":
+                    finals[wid] = msg[2]
+                elif kind == "error":
+                    failures.append(f"worker {wid}:\n{msg[2]}")
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + 0.5
+                live.connections = _count_connections(admin, cfg, names)
+                view.update(live.figures())
+        view.update(live.figures(), force=True)
+    except KeyboardInterrupt:
+        if view is not None:
+            view.close()
+            view = None
+        _say(out, "\ninterrupted")
+        for p in procs:
+            p.terminate()
+        return 130
+    finally:
+        if view is not None:
+            view.close()
+        if len(finals) < len(procs):  # a failure: don't wait for the others
+            for p in procs:
+                p.terminate()
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if failures or len(finals) < len(procs):
+        _say(out, "aiolock demo: a worker failed:")
+        _say(out, "\n".join(failures) or "  (timed out waiting for the workers)")
+        return 2
+    return _report(cfg, live, finals, admin, out)
+
+
+def _receive(
+    messages: Any,
+    procs: list[Any],
+    limit: float,
+    finished: Callable[[], bool],
+) -> Iterator[Any]:
+    """Messages from the workers until ``finished()``; None every TICK when idle."""
+    deadline = time.monotonic() + limit
+    while not finished() and time.monotonic() < deadline:
+        try:
+            yield messages.get(timeout=TICK / 2)
+        except queue.Empty:
+            if all(not p.is_alive() for p in procs) and messages.empty():
+                return
+            yield None
+
+
+def _report(
+    cfg: Config,
+    live: _Live,
+    finals: dict[int, dict[str, Any]],
+    admin: redis.Redis,
+    out: TextIO,
+) -> int:
+    records = live.records
+    elapsed = cfg.duration
+    lat = sorted(handoffs(list(records)))
+    _say(out)
+    _say(
+        out,
+        f"results: {len(records):,} holds in {elapsed:g} s = {len(records) / elapsed:,.0f} "
+        f"acquisitions/s across {cfg.processes} processes",
+    )
+    if lat:
+        _say(
+            out,
+            f"  handoff latency: p50 {_ms(_percentile(lat, 0.5))}, "
+            f"p99 {_ms(_percentile(lat, 0.99))}, max {_ms(float(lat[-1]))} "
+            f"over {len(lat):,} handoffs to a waiting task",
+        )
+        _say(
+            out,
+            "  (from the holder finishing its work to the next holder's acquire returning; "
+            "time.monotonic_ns)",
+        )
+    shares = [f"{cfg.lock_name(i)} {n:,}" for i, n in enumerate(live.figures()["per_lock"])]
+    _say(out, f"  holds per lock: {', '.join(shares)}")
+    checks = verify(cfg, records, finals, admin)
+    _say(out)
+    _say(out, "checks:")
+    for check in checks:
+        mark = "PASS" if check.ok else "FAIL"
+        _say(out, f"  {mark}  {check.name}: {check.detail}")
+    failed = [c for c in checks if not c.ok]
+    _say(out)
+    if failed:
+        what = "as expected without the lock" if not cfg.use_lock else "this is a bug in aiolock"
+        _say(out, f"{len(failed)} of {len(checks)} checks FAILED ({what}).")
+        return 1
+    _say(out, f"all {len(checks)} checks passed.")
+    return 0
