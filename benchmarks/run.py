@@ -1,0 +1,537 @@
+"""One command for every benchmark: ``python -m benchmarks`` (or ``python benchmarks/run.py``).
+
+It starts its own redis-server on a free port (a temp dir, no persistence),
+runs every scenario for aiolock and for each peer on that one server, in
+rounds that interleave the libraries (and rotate their order) so that machine
+noise hits all of them alike, and writes ``RESULTS.md``, ``summary.json`` and
+PNG plots into ``--out`` (default: ``benchmarks/``).
+
+Every run happens in a worker process (``benchmarks._worker``): one per
+library for the single-process scenarios, a pool of helpers for the
+multi-process ones, and a fresh process for each memory measurement. Every
+scenario is capped by time and by count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `python benchmarks/run.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import _libs, _report
+from benchmarks._server import Server, admin_client
+
+ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+
+FULL: dict[str, Any] = {
+    "loops": ["uvloop", "asyncio"],
+    "uncontended": {"rounds": 3, "duration": 0.6, "max_samples": 4000, "warmup": 50},
+    "handoff": {
+        "rounds": 2, "tasks": 11, "hold": 0.001, "think": 0.001,
+        "duration": 1.2, "max_events": 3000, "grace": 0.5,
+    },
+    "xproc": {
+        "rounds": 1, "procs": 11, "hold": 0.001, "think": 0.001,
+        "duration": 1.5, "max_events": 3000, "grace": 0.5,
+    },
+    "throughput": {
+        "rounds": 2, "sizes": [[1, 10, 2], [1, 100, 2], [1, 1000, 1], [4, 250, 1]],
+        "warmup": 0.25, "duration": 0.8, "grace": 0.0,
+    },
+    "scale": {
+        "names": 1000, "waiters_per_name": 100, "peer_names": 10, "peer_waiters_per_name": 50,
+        "settle": 0.5, "cap": 40.0, "cancel_cap": 3.0, "drain_cap": 40.0, "peer_drain_cap": 5.0,
+        "leftover_wait": 0.5, "lease": 300.0, "full_scale_libs": ["aiolock", "asyncio.Lock"],
+        "peer_loops": ["asyncio"],
+    },
+    "watchdog": {"locks": 10000, "lease": 1.5, "duration": 3.0, "idle": 0.5},
+}  # fmt: skip
+
+QUICK: dict[str, Any] = {
+    "loops": ["asyncio"],
+    "uncontended": {"rounds": 1, "duration": 0.1, "max_samples": 300, "warmup": 5},
+    "handoff": {
+        "rounds": 1, "tasks": 3, "hold": 0.001, "think": 0.001,
+        "duration": 0.2, "max_events": 200, "grace": 0.5,
+    },
+    "xproc": {
+        "rounds": 1, "procs": 3, "hold": 0.001, "think": 0.001,
+        "duration": 0.2, "max_events": 200, "grace": 0.5,
+    },
+    "throughput": {
+        "rounds": 1, "sizes": [[1, 5, 1], [1, 20, 1], [2, 5, 1]], "warmup": 0.05, "duration": 0.2,
+        "grace": 0.5,
+    },
+    "scale": {
+        "names": 4, "waiters_per_name": 10, "peer_names": 4, "peer_waiters_per_name": 10,
+        "settle": 0.1, "cap": 10.0, "cancel_cap": 5.0, "drain_cap": 10.0, "peer_drain_cap": 5.0,
+        "leftover_wait": 0.2, "lease": 60.0, "full_scale_libs": ["aiolock", "asyncio.Lock"],
+        "peer_loops": ["asyncio"],
+    },
+    "watchdog": {"locks": 50, "lease": 0.6, "duration": 0.5, "idle": 0.1},
+}  # fmt: skip
+
+READY_TIMEOUT = 90.0
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+#: Where workers import ``aiolock`` and ``benchmarks`` from (see ``--aiolock-ref``).
+SOURCE_ROOT = ROOT
+
+
+def export_aiolock(ref: str) -> tuple[Path, str]:
+    """``git archive`` the aiolock package at ``ref`` into a temp dir beside a link to benchmarks/.
+
+    Benchmarking a commit keeps the run independent of whatever is being
+    edited in the work tree meanwhile.
+    """
+    import subprocess
+    import tempfile
+
+    sha = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{ref}^{{commit}}"],
+        cwd=ROOT, check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    target = Path(tempfile.mkdtemp(prefix="aiolock-bench-src-"))
+    archive = subprocess.run(
+        ["git", "archive", sha, "aiolock"], cwd=ROOT, check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    (target / "benchmarks").symlink_to(HERE, target_is_directory=True)
+    return target, sha
+
+
+def describe_source(root: Path, ref: str | None, sha: str | None) -> str:
+    import subprocess
+
+    if ref is not None and sha is not None:
+        return f"git {ref} = {sha[:12]}"
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, check=True, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "aiolock"],
+            cwd=root, check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "work tree (not a git checkout)"
+    return f"work tree at {head[:12]}" + (" with uncommitted changes" if dirty else "")
+
+
+class Worker:
+    """One ``benchmarks._worker`` process and its JSON-lines pipe."""
+
+    def __init__(self, label: str, logdir: Path) -> None:
+        self.label = label
+        self.logpath = logdir / f"worker-{label}.log"
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SOURCE_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(self.logpath, "ab") as logfile:  # noqa: ASYNC230  (before any timing)
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "benchmarks._worker",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=logfile, cwd=str(SOURCE_ROOT), env=env, limit=1 << 28,
+            )  # fmt: skip
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def send(self, message: dict[str, Any]) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        await self.proc.stdin.drain()
+
+    async def recv(self, timeout: float) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if not line:
+            raise WorkerDied(f"worker {self.label} died: {self.log_tail()}")
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    def log_tail(self, chars: int = 1500) -> str:
+        try:
+            return self.logpath.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    async def kill(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        proc.kill()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            pass
+
+    async def close(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.stdin is not None and proc.returncode is None:
+            proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 5)
+        except TimeoutError:
+            await self.kill()
+        self.proc = None
+
+
+class Orchestrator:
+    def __init__(self, url: str, logdir: Path) -> None:
+        self.url = url
+        self.logdir = logdir
+        self._main: dict[str, Worker] = {}
+        self._helpers: list[Worker] = []
+        self._fresh = 0
+        self.admin = admin_client(url)
+
+    async def warm(self, libs: Iterable[str], helpers: int) -> None:
+        """Start the long-lived workers up front (not timed)."""
+        starts = [self.main(lib) for lib in libs]
+        await asyncio.gather(*starts, self.helpers(helpers))
+
+    async def main(self, lib: str) -> Worker:
+        worker = self._main.get(lib)
+        if worker is None or not worker.alive:
+            worker = self._main[lib] = Worker(lib.replace(".", "_"), self.logdir)
+            await worker.start()
+        return worker
+
+    async def helpers(self, n: int) -> list[Worker]:
+        while len(self._helpers) < n:
+            self._helpers.append(Worker(f"helper{len(self._helpers)}", self.logdir))
+        for worker in self._helpers[:n]:
+            if not worker.alive:
+                await worker.start()
+        return self._helpers[:n]
+
+    async def run(
+        self,
+        scenario: str,
+        lib: str,
+        loop: str,
+        params: dict[str, Any],
+        *,
+        procs: int = 1,
+        fresh: bool = False,
+        timeout: float = 120.0,
+    ) -> list[dict[str, Any]] | dict[str, Any]:
+        """Run one cell; a list of per-process results, or {"error": ...}."""
+        if fresh:
+            self._fresh += 1
+            workers = [Worker(f"fresh{self._fresh}", self.logdir)]
+            await workers[0].start()
+        elif procs == 1:
+            workers = [await self.main(lib)]
+        else:
+            workers = await self.helpers(procs)
+        self.admin.flushall()
+        if not fresh:
+            for worker in workers:
+                if not worker.alive:
+                    await worker.start()
+        try:
+            for i, worker in enumerate(workers):
+                p = dict(params)
+                if procs > 1:
+                    p["leader"] = i == 0
+                    p["tag"] = str(i)
+                spec = {
+                    "url": self.url,
+                    "scenario": scenario,
+                    "lib": lib,
+                    "loop": loop,
+                    "params": p,
+                }
+                await worker.send(spec)
+            readies = await asyncio.gather(*(w.recv(READY_TIMEOUT) for w in workers))
+            errors = [r["error"] for r in readies if "error" in r]
+            if errors:
+                raise RuntimeError(errors[0])
+            start_ns = time.monotonic_ns() + 50_000_000 + 10_000_000 * procs
+            for worker in workers:
+                await worker.send({"go": True, "start_ns": start_ns})
+            replies = await asyncio.gather(*(w.recv(timeout) for w in workers))
+        except (
+            TimeoutError,
+            WorkerDied,
+            RuntimeError,
+            OSError,
+            ValueError,
+            ConnectionError,
+        ) as exc:
+            for worker in workers:
+                await worker.kill()
+            reason = "timed out" if isinstance(exc, TimeoutError) else str(exc).strip()
+            return {"error": reason[-1500:]}
+        finally:
+            if fresh:
+                await workers[0].close()
+        errors = [r["error"] for r in replies if "error" in r]
+        if errors:
+            return {"error": errors[0][-1500:]}
+        return [r["result"] for r in replies]
+
+    async def close(self) -> None:
+        for worker in [*self._main.values(), *self._helpers]:
+            await worker.close()
+        self.admin.close()
+
+
+def rotate(items: list[Any], k: int) -> list[Any]:
+    if not items:
+        return items
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
+def loops_for(lib: str, loops: list[str]) -> list[str]:
+    return ["threads"] if lib in _libs.THREAD_LIBS else list(loops)
+
+
+async def execute(args: argparse.Namespace, cfg: dict[str, Any], logdir: Path) -> dict[str, Any]:
+    t_start = time.monotonic()
+    loops: list[str] = list(cfg["loops"])
+    if "uvloop" in loops:
+        try:
+            import uvloop  # noqa: F401
+        except ImportError:
+            loops.remove("uvloop")
+            log("uvloop is not installed: asyncio loop only")
+    wanted = [lib for lib in _libs.LIBS if not args.libs or lib in args.libs]
+    unavailable = {lib: r for lib in wanted if (r := _libs.unavailable_reason(lib)) is not None}
+    libs = [lib for lib in wanted if lib not in unavailable]
+    for lib, reason in unavailable.items():
+        log(f"{lib}: unavailable: {reason}")
+    scenarios = set(args.scenarios or ["uncontended", "handoff", "throughput", "scale", "watchdog"])
+
+    server = Server(args.server)
+    server.start()
+    log(f"redis-server {server.info().get('redis_version')} on {server.url} (dir {server.dir})")
+    orch = Orchestrator(server.url, logdir)
+    raw: dict[str, Any] = {
+        "meta": {
+            "server_version": server.info().get("redis_version"),
+            "server_binary": server.binary,
+            "loops": loops,
+            "libs": libs,
+            "unavailable": unavailable,
+            "versions": {lib: _libs.version_of(lib) for lib in wanted},
+            "config": cfg,
+            "quick": args.quick,
+            "load_start": os.getloadavg(),
+        },
+        "runs": [],
+    }
+
+    def record(scenario: str, variant: str, lib: str, loop: str, rnd: int, result: Any) -> None:
+        raw["runs"].append(
+            {
+                "scenario": scenario,
+                "variant": variant,
+                "lib": lib,
+                "loop": loop,
+                "round": rnd,
+                "result": result,
+            }
+        )
+        status = (
+            "ERROR " + str(result["error"]).splitlines()[-1][:200]
+            if isinstance(result, dict) and "error" in result
+            else "ok"
+        )
+        log(f"[{time.monotonic() - t_start:6.1f}s] {scenario:11} {variant:13} {lib:17} {loop:8} "
+            f"r{rnd} {status}")  # fmt: skip
+
+    uses_xproc = "handoff" in scenarios or "throughput" in scenarios
+    helpers = cfg["xproc"]["procs"] if uses_xproc else 0
+    try:
+        await orch.warm(libs, helpers)
+        key = f"r{time.monotonic_ns()}"
+
+        if "uncontended" in scenarios:
+            c = cfg["uncontended"]
+            cells = [("floor", loop) for loop in loops] + [
+                (lib, loop)
+                for lib in libs
+                if lib != "redis-py-10ms"
+                for loop in loops_for(lib, loops)
+            ]
+            for rnd in range(c["rounds"]):
+                for lib, loop in rotate(cells, rnd):
+                    p = {**c, "key": f"{key}:u:{lib}:{loop}:{rnd}"}
+                    scenario = "floor" if lib == "floor" else "uncontended"
+                    res = await orch.run(scenario, lib, loop, p, timeout=c["duration"] * 2 + 60)
+                    record(scenario, "1 task", lib, loop, rnd, res)
+
+        if "handoff" in scenarios:
+            c = cfg["handoff"]
+            cells = [(lib, loop) for lib in libs for loop in loops_for(lib, loops)]
+            for rnd in range(c["rounds"]):
+                for lib, loop in rotate(cells, rnd):
+                    p = {**c, "key": f"{key}:h:{lib}:{loop}:{rnd}"}
+                    res = await orch.run(
+                        "handoff", lib, loop, p, timeout=c["duration"] + c["grace"] + 60
+                    )
+                    record("handoff", "in-process", lib, loop, rnd, res)
+            c = cfg["xproc"]
+            cells = [(lib, loop) for lib, loop in cells if lib not in _libs.NO_REDIS]
+            for rnd in range(c["rounds"]):
+                for lib, loop in rotate(cells, rnd):
+                    p = {**c, "tasks": 1, "key": f"{key}:hx:{lib}:{loop}:{rnd}"}
+                    res = await orch.run(
+                        "handoff", lib, loop, p, procs=c["procs"],
+                        timeout=c["duration"] + c["grace"] + 60,
+                    )  # fmt: skip
+                    record("handoff", "cross-process", lib, loop, rnd, res)
+
+        if "throughput" in scenarios:
+            c = cfg["throughput"]
+            cells = [(lib, loop) for lib in libs for loop in loops_for(lib, loops)]
+            for rnd in range(c["rounds"]):
+                for procs, tasks, rounds in c["sizes"]:
+                    if rnd >= rounds:
+                        continue  # the largest sizes cost seconds per run: fewer rounds
+                    variant = f"{tasks}" if procs == 1 else f"{procs}x{tasks}"
+                    for lib, loop in rotate(cells, rnd):
+                        if procs > 1 and lib in _libs.NO_REDIS:
+                            continue
+                        p = {**c, "tasks": tasks, "key": f"{key}:t:{variant}:{lib}:{loop}:{rnd}"}
+                        res = await orch.run(
+                            "throughput", lib, loop, p, procs=procs,
+                            timeout=c["warmup"] + c["duration"] + c["grace"] + 90,
+                        )  # fmt: skip
+                        record("throughput", variant, lib, loop, rnd, res)
+
+        if "scale" in scenarios:
+            c = cfg["scale"]
+            for lib in libs:
+                if lib in _libs.THREAD_LIBS or lib == "redis-py-10ms":
+                    # Threads cannot be cancelled; the poll interval does not change memory.
+                    continue
+                full = lib in c["full_scale_libs"]
+                names = c["names"] if full else c["peer_names"]
+                per = c["waiters_per_name"] if full else c["peer_waiters_per_name"]
+                for loop in loops if full else [lp for lp in loops if lp in c["peer_loops"]]:
+                    p = {
+                        **c,
+                        "names": names,
+                        "waiters_per_name": per,
+                        "pool": names * (per + 1),
+                        "drain_cap": c["drain_cap"] if full else c["peer_drain_cap"],
+                        "key": f"{key}:s:{lib}:{loop}",
+                    }
+                    res = await orch.run(
+                        "scale", lib, loop, p, fresh=True, timeout=c["cap"] * 4 + 60
+                    )
+                    record("scale", f"{names * per}", lib, loop, 0, res)
+
+        if "watchdog" in scenarios and "aiolock" in libs:
+            c = cfg["watchdog"]
+            for loop in loops:
+                p = {**c, "key": f"{key}:w:{loop}"}
+                res = await orch.run(
+                    "watchdog", "aiolock", loop, p, fresh=True, timeout=c["duration"] + 120
+                )
+                record("watchdog", f"{c['locks']} locks", "aiolock", loop, 0, res)
+    finally:
+        await orch.close()
+        server.cleanup()
+    raw["meta"]["wall_s"] = time.monotonic() - t_start
+    return raw
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny configuration (seconds; for tests)")
+    ap.add_argument("--out", type=Path, default=HERE, help="where RESULTS.md and plots go")
+    ap.add_argument("--libs", type=lambda s: s.split(","), help="comma-separated subset")
+    ap.add_argument(
+        "--scenarios",
+        type=lambda s: s.split(","),
+        help="comma-separated subset of uncontended,handoff,throughput,scale,watchdog",
+    )
+    ap.add_argument("--server", help="redis-server or valkey-server binary (default: PATH)")
+    ap.add_argument(
+        "--aiolock-ref",
+        metavar="REF",
+        help="benchmark aiolock as committed at this git ref (default: the work tree)",
+    )
+    ap.add_argument("--raw", action="store_true", help="also write raw.json (large)")
+    ap.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    ap.add_argument("--from-raw", type=Path, metavar="RAW_JSON",
+                    help="only re-render RESULTS.md and the plots from a raw.json")  # fmt: skip
+    args = ap.parse_args(argv)
+    unknown = [lib for lib in args.libs or [] if lib not in _libs.LIBS]
+    if unknown:
+        ap.error(f"unknown libraries {unknown}; choose from {', '.join(_libs.LIBS)}")
+    known = ("uncontended", "handoff", "throughput", "scale", "watchdog")
+    unknown = [sc for sc in args.scenarios or [] if sc not in known]
+    if unknown:
+        ap.error(f"unknown scenarios {unknown}; choose from {', '.join(known)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    global SOURCE_ROOT
+    args = parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    sha = None
+    if args.aiolock_ref:
+        SOURCE_ROOT, sha = export_aiolock(args.aiolock_ref)
+        sys.path.insert(0, str(SOURCE_ROOT))
+    source = describe_source(ROOT, args.aiolock_ref, sha)
+    log(f"aiolock from {source}")
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    import tempfile
+
+    if args.from_raw:
+        raw = json.loads(args.from_raw.read_text())
+    else:
+        logdir = Path(tempfile.mkdtemp(prefix="aiolock-bench-logs-"))
+        log(f"worker logs in {logdir}")
+        raw = asyncio.run(execute(args, cfg, logdir))
+        raw["meta"]["aiolock_source"] = source
+        raw["meta"]["command"] = "python -m benchmarks " + " ".join(
+            argv if argv is not None else sys.argv[1:]
+        )
+        if args.raw:
+            (out / "raw.json").write_text(json.dumps(raw))
+    summary = _report.summarise(raw)
+    (out / "summary.json").write_text(json.dumps(_report.strip(summary), indent=1, default=str))
+    plots: list[str] = []
+    if not args.no_plots:
+        plots = _report.plot(summary, out)
+    (out / "RESULTS.md").write_text(_report.markdown(summary, plots))
+    log(f"wrote {out / 'RESULTS.md'} in {raw['meta']['wall_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
