@@ -295,6 +295,12 @@ class Client:
             releases = [
                 self._submit_script(h.release_script, h.release_keys, h.release_args) for h in holds
             ]
+            # Leave the plain locks' waiting sets, so that no release is aimed at us.
+            for state in list(self._states.values()):
+                leave = getattr(state, "leave", None)
+                left = leave() if leave is not None else None
+                if left is not None:
+                    releases.append(left)
             if releases:
                 try:
                     async with asyncio.timeout(min(self.command_timeout, 2.0)):

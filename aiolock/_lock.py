@@ -18,6 +18,7 @@ from ._validate import to_ms
 
 if TYPE_CHECKING:
     from ._client import Client
+    from ._notify import Waiter
 
 __all__ = ["AsyncLock", "LocalQueue"]
 
@@ -81,6 +82,7 @@ class LocalQueue:
         "live",
         "lock",
         "queue",
+        "registered",
         "yield_next",
     )
 
@@ -93,6 +95,8 @@ class LocalQueue:
         self.competing = False
         self.handoffs = 0
         self.yield_next = False
+        # Whether this Client may be in the lock's waiting set in Redis.
+        self.registered = False
         # FIFO of waiting turns. A turn whose task gave up stays in it, dead
         # (its future is done), until it reaches the head: removal is O(1)
         # for each of the 100,000 waiters cancelled at once.
@@ -296,6 +300,14 @@ class LocalQueue:
             return
         client._release_finished(hold, outcome, code)
 
+    def leave(self) -> asyncio.Future[Any] | None:
+        """Take this Client out of the lock's waiting set in Redis, if it may be in it."""
+        if not self.registered or self.lock is None:
+            return None
+        self.registered = False
+        lock = self.lock
+        return self.client._submit_script("unwait", (lock._key, lock._wq_key), (self.client.id,))
+
     def close(self) -> None:
         queue, self.queue = self.queue, deque()
         for turn in queue:
@@ -328,6 +340,15 @@ class AsyncLock(SingleHolder):
     * **Fairness:** tasks of one Client queue FIFO locally and only the head
       of that queue competes in Redis; across Clients it is not fair (use
       the fair lock for strict FIFO).
+    * **Wake-ups** (``notify="pubsub"``): a Client whose task waits is
+      registered in Redis, and a release wakes one registered Client (about
+      the one that has waited longest), on that Client's own channel: a
+      release costs the same whether 1 or 100 Clients wait, and no Client is
+      woken only to lose the race. A waiter that gives up (cancelled, timed
+      out, Client closed) leaves the set at once and passes on a wake-up it
+      may have been sent. A Client that dies while waiting (no ``aclose``)
+      can swallow one wake-up; the others then try again at their bound,
+      the holder's remaining lease at their last try, at most one lease later.
     * **Lease expiry:** without ``lease=`` the hold has the Client's lease
       time and the watchdog renews it while held. With ``lease=`` it simply
       expires then. Either way, a hold that ends without a release is
@@ -342,14 +363,19 @@ class AsyncLock(SingleHolder):
       every token issued before for this name.
     """
 
-    __slots__ = ("_entry_map", "_fence_key")
+    __slots__ = ("_entry_map", "_fence_key", "_wait_channel", "_wq_key")
 
     #: The acquire script; the spin lock shares everything but the waiting.
     _acquire_script = "acquire"
+    #: Whether a waiter in pub/sub mode registers for a targeted wake-up
+    #: (see scripts/_wake.lua); the spin lock only polls.
+    _targeted = True
 
     def __init__(self, client: Client, name: str) -> None:
         super().__init__(client, name)
         self._fence_key = f"{self._key}:fence"
+        self._wq_key = f"{self._key}:wq"
+        self._wait_channel = f"{self._key}:w:{client.id}".encode()
         self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
 
     def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
@@ -392,8 +418,8 @@ class AsyncLock(SingleHolder):
             raise
         return hold.new_lease()
 
-    def _release_keys(self) -> tuple[str, str, str]:
-        return (self._key, self._fence_key, self._signal)
+    def _release_keys(self) -> tuple[str, str, str, str]:
+        return (self._key, self._fence_key, self._signal, self._wq_key)
 
     async def _compete(
         self,
@@ -403,32 +429,69 @@ class AsyncLock(SingleHolder):
         deadline: float | None,
     ) -> Hold:
         client = self._client
+        loop = asyncio.get_running_loop()
         owner = client.owner(task)
         lease_s = client.lease if lease is None else lease
-        keys = (self._key, self._fence_key)
-        args = (owner, to_ms(lease_s), client._retention_ms, TOKEN_RESERVE, client._attempt_id())
+        keys = (self._key, self._fence_key, self._wq_key)
+        base = (owner, to_ms(lease_s), client._retention_ms, TOKEN_RESERVE, client._attempt_id())
+        targeted = self._targeted and client.notify == "pubsub"
+        wid = client.id if targeted else ""
         undo = functools.partial(_undo_acquire, client, self._release_keys(), owner, self._channel)
         script = self._acquire_script
 
         async def attempt() -> tuple[int | None, float | None]:
+            # Register for a wake-up only if this call may wait.
+            register = wid if deadline is None or deadline > loop.time() else ""
+            registered = "1" if state.registered else ""
+            if register:
+                state.registered = True
+            args = (*base, register, client._lease_ms, registered)
             reply = await client._eval(script, keys, args, undo)
             if reply[0] == 1:
+                state.registered = False
                 return int(reply[1]), None
             ttl = int(reply[1])
             return None, ttl_hint(ttl)
 
-        token, sent = await compete(
-            client,
-            what=f"lock {self.name!r}",
-            deadline=deadline,
-            attempt=attempt,
-            waiter=self._waiter,
-            abandon=lambda: undo(None, RedisConnectionError("acquire abandoned")),
-            parked=state.set_competing,
-        )
+        try:
+            token, sent = await compete(
+                client,
+                what=f"lock {self.name!r}",
+                deadline=deadline,
+                attempt=attempt,
+                waiter=self._targeted_waiter if targeted else self._waiter,
+                abandon=lambda: undo(None, RedisConnectionError("acquire abandoned")),
+                parked=state.set_competing,
+            )
+        except BaseException:
+            if state.registered and state.live == 0:
+                # No local task takes over the wait: leave the waiting set, and
+                # pass on a wake-up that may have been sent to us meanwhile.
+                self._unwait(state)
+            raise
         hold = self._install(state, task, owner, token, lease, lease_s, sent)
         hold.reserve = TOKEN_RESERVE - 1
         return hold
+
+    def _targeted_waiter(self) -> Waiter:
+        return self._client._waiter(self._wait_channel, self._signal)
+
+    def _unwait(self, state: LocalQueue) -> None:
+        """Leave the waiting set now (on the wire before the next local try)."""
+        client = self._client
+        if client._closed:
+            return  # aclose() does it (see LocalQueue.leave)
+        keys, args = (self._key, self._wq_key), (client.id,)
+        reply = state.leave()
+        if reply is None:
+            return
+
+        def done(reply: asyncio.Future[Any]) -> None:
+            if reply.cancelled() or reply.exception() is not None:
+                if not client._closed:
+                    client._spawn(client._retry("unwait", keys, args))
+
+        reply.add_done_callback(done)
 
     def _install(
         self,
@@ -504,7 +567,9 @@ class AsyncLock(SingleHolder):
         client = self._client
         client._enter()
         deleted = int(
-            await client._eval("force_release", (self._key, self._signal), (self._channel,))
+            await client._eval(
+                "force_release", (self._key, self._signal, self._wq_key), (self._channel,)
+            )
         )
         state: LocalQueue | None = client._states.get(self._key)
         if state is not None and state.hold is not None:

@@ -28,6 +28,8 @@ class SpinLock(AsyncLock):
 
     __slots__ = ("_backoff",)
 
+    _targeted = False  # it polls: no registration for targeted wake-ups
+
     def __init__(self, client: Client, name: str, *, backoff: Backoff | None = None) -> None:
         super().__init__(client, name)
         if backoff is not None and not isinstance(backoff, Backoff):

@@ -21,8 +21,10 @@ async def test_pubsub_connection_killed_waiter_still_woken(server: RedisServer) 
     ):
         held = await holder.lock("k").acquire()  # 30 s lease: a TTL-bound wait would be slow
         task = asyncio.create_task(waiter.lock("k").acquire())
-        await eventually(lambda: waiter._listener.channels.get(b"f:{k}:ch") is not None)
-        channel = waiter._listener.channels[b"f:{k}:ch"]
+        # The waiter listens on its Client's own channel of the lock (targeted wake-ups).
+        name = f"f:{{k}}:w:{waiter.id}".encode()
+        await eventually(lambda: waiter._listener.channels.get(name) is not None)
+        channel = waiter._listener.channels[name]
         await eventually(lambda: channel.is_confirmed, what="subscription confirmed")
         assert server.kill_pubsub_clients() >= 1
         await eventually(lambda: waiter._listener.connects >= 2, what="listener reconnect")

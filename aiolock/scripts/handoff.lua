@@ -4,6 +4,7 @@
 -- KEYS[1]  lock hash    <prefix>:{<name>}
 -- KEYS[2]  fence hash   <prefix>:{<name>}:fence
 -- KEYS[3]  signal list  <prefix>:{<name>}:signal
+-- KEYS[4]  waiting set  <prefix>:{<name>}:wq (see _wake.lua)
 -- ARGV[1]  owner        the releasing hold's owner
 -- ARGV[2]  token        the releasing hold's fencing token
 -- ARGV[3]  next_owner   the local waiter to hand the lock to
@@ -24,6 +25,7 @@
 -- retried plain release of the same hold answers 2 ("already released").
 --@include _fence.lua
 --@include _notify.lua
+--@include _wake.lua
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 or redis.call('HGET', KEYS[1], '~fence') ~= ARGV[2] then
     return {0}
 end
@@ -32,6 +34,7 @@ if ARGV[6] == '1' and redis.call('HEXISTS', KEYS[1], '~w') == 1 then
     redis.call('DEL', KEYS[1])
     redis.call('PEXPIRE', KEYS[2], ARGV[5])
     notify(ARGV[7], KEYS[3], '1', 1)
+    wake_next(KEYS[1], KEYS[4])
     return {2}
 end
 local token = next_token(KEYS[2], ARGV[5], ARGV[8])

@@ -3,10 +3,13 @@
 -- KEYS[1]  lock hash    <prefix>:{<name>}
 -- KEYS[2]  fence hash   <prefix>:{<name>}:fence
 -- KEYS[3]  signal list  <prefix>:{<name>}:signal   (list-mode wake-ups, see _notify.lua)
+-- KEYS[4]  waiting set  <prefix>:{<name>}:wq       (targeted wake-ups, see _wake.lua)
 -- ARGV[1]  owner        "<client id>:<task serial>"
 -- ARGV[2]  token        fencing token of the hold, or "" for "whatever hold this owner has"
 --                       (used to undo an acquire whose reply was lost)
 -- ARGV[3]  channel      pub/sub channel of the lock; "1" (wake one) is sent on release
+--                       for waiters that are not registered (a multi-lock's); a
+--                       registered Client is woken on its own channel
 -- ARGV[4]  retention_ms TTL of the fence hash
 --
 -- Returns 1 if this call released the hold (the lock hash is deleted).
@@ -15,6 +18,7 @@
 -- Returns 0 if the owner does not hold the lock (expired, force-released, or
 --   taken by another owner since): nothing changes.
 --@include _notify.lua
+--@include _wake.lua
 local holder = redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
 local token = ARGV[2]
 if holder and token ~= '' and redis.call('HGET', KEYS[1], '~fence') ~= token then
@@ -29,6 +33,7 @@ if holder then
     end
     redis.call('PEXPIRE', KEYS[2], ARGV[4])
     notify(ARGV[3], KEYS[3], '1', 1)
+    wake_next(KEYS[1], KEYS[4])
     return 1
 end
 if token ~= '' and redis.call('HGET', KEYS[2], 'r') == token then
