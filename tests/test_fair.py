@@ -336,7 +336,7 @@ async def test_crashed_waiter_delays_the_queue_at_most_one_lease(
     The release comes right after the kill, while the dead Client's entries
     still count as live, so the lock is handed to the dead waiter: the worst case.
     """
-    lease = 0.5
+    lease = 1.5
     # The holder's Client has a long lease: the survivor's own bound (the holder's
     # TTL) is then 30 s, and only the "check back" message gets it going in time.
     a, b = make(lease=30), make(lease=lease)
@@ -356,7 +356,8 @@ async def test_crashed_waiter_delays_the_queue_at_most_one_lease(
     got = await asyncio.wait_for(survivor, 10)
     elapsed = time.monotonic() - started
     # Redisson would stall here for the dead waiter's wait timeout (5 minutes).
-    assert elapsed < lease + 0.8, f"the queue stalled {elapsed:.2f} s for a dead waiter"
+    # About one lease; the slack is for a loaded machine, not for a second lease.
+    assert elapsed < lease + 1.2, f"the queue stalled {elapsed:.2f} s for a dead waiter"
     assert elapsed > lease / 2  # the dead waiter did get the lock first: the worst case
     assert got.fencing_token > holder.fencing_token
     await got.release()
@@ -443,7 +444,7 @@ async def test_cancelled_waiter_leaves_the_queue_at_once(
     w2.cancel()
     started = time.monotonic()
     await eventually_async(lock.queue_length, 2)
-    assert time.monotonic() - started < 1.0  # not after a lease (30 s)
+    assert time.monotonic() - started < 5  # not after a lease (30 s)
     assert gone not in queued(server, "leave")
     await holder.release()
     lease1 = await asyncio.wait_for(w1, 10)

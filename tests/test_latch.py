@@ -90,7 +90,7 @@ async def test_wait_after_zero_and_on_a_latch_never_set_returns_at_once(
     started = loop.time()
     assert await latch.wait() is True
     assert await latch.wait(timeout=0) is True
-    assert loop.time() - started < 1
+    assert loop.time() - started < 5  # not the 30 s re-check
     await assert_clean(client, other)
 
 

@@ -270,7 +270,7 @@ async def test_upgrade_is_refused_at_once_without_touching_redis(
         with pytest.raises(LockUpgradeError):
             async with rw.write(timeout=10):
                 pytest.fail("entered the write lock while holding read")
-    assert loop.time() - start < 1
+    assert loop.time() - start < 3
     after = (server.execute("HGETALL", "rw:{up}"), rw_keys(server, "up"), evalsha_calls(server))
     assert after == before, "the refused upgrade changed Redis or made a round trip"
     assert client.statistics().waiting == 0

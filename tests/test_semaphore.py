@@ -212,7 +212,7 @@ async def test_try_acquire_never_blocks(client: Client, other: Client, server: R
     loop = asyncio.get_running_loop()
     started = loop.time()
     assert await sem.try_acquire() is None
-    assert loop.time() - started < 0.5, "one try, no waiting"
+    assert loop.time() - started < 5, "one try, not a wait for the holder (30 s)"
     started = loop.time()
     assert await sem.try_acquire(1, wait=0.2) is None
     assert 0.2 <= loop.time() - started < 2
