@@ -13,6 +13,7 @@ from redis.exceptions import ResponseError
 from ._errors import ClientClosedError, LockTimeoutError
 from ._futures import expire, retrieve
 from ._lease import Hold, Lease
+from ._notify import PubSubWaiter
 from ._primitive import SingleHolder, _Entry, compete, current_task, ttl_hint
 from ._validate import to_ms
 
@@ -462,6 +463,7 @@ class AsyncLock(SingleHolder):
                 waiter=self._targeted_waiter if targeted else self._waiter,
                 abandon=lambda: undo(None, RedisConnectionError("acquire abandoned")),
                 parked=state.set_competing,
+                warm=self._warm_waiter if targeted else None,
             )
         except BaseException:
             if state.registered and state.live == 0:
@@ -475,6 +477,14 @@ class AsyncLock(SingleHolder):
 
     def _targeted_waiter(self) -> Waiter:
         return self._client._waiter(self._wait_channel, self._signal)
+
+    def _warm_waiter(self) -> Waiter | None:
+        """This Client's channel of the lock, if it is still subscribed (lingering)."""
+        listener = self._client._listener
+        channel = listener.channels.get(self._wait_channel)
+        if channel is None or not channel.is_confirmed or channel.closed:
+            return None
+        return PubSubWaiter(listener, self._wait_channel)
 
     def _unwait(self, state: LocalQueue) -> None:
         """Leave the waiting set now (on the wire before the next local try)."""

@@ -119,6 +119,7 @@ async def compete(
     waiter: Callable[[], Waiter],
     abandon: Callable[[], None] = lambda: None,
     parked: Callable[[bool], None] = lambda _: None,
+    warm: Callable[[], Waiter | None] | None = None,
 ) -> tuple[T, float]:
     """Try until ``attempt()`` returns a result; return it with the time it was sent.
 
@@ -127,9 +128,15 @@ async def compete(
     (the holder's remaining TTL), or None if unknown. ``abandon()`` is called
     if we give up after transient errors (an attempt may have succeeded
     unseen). ``parked(True/False)`` brackets the time a Waiter is registered.
+
+    ``warm()``, if given, returns a Waiter that is live already (a channel
+    still subscribed and confirmed), or None. Taken before the first try, it
+    hears every wake-up sent after that try ran, so a failed first try parks
+    at once, without the confirming retry a new subscription needs.
     """
     loop = asyncio.get_running_loop()
-    registration: Waiter | None = None
+    registration: Waiter | None = warm() if warm is not None else None
+    is_parked = False
     failures = 0
     try:
         while True:
@@ -156,7 +163,8 @@ async def compete(
                 if registration is not None:
                     registration.close(linger=True)
                     registration = None
-                    parked(False)
+                    if is_parked:
+                        parked(False)
                 return result, sent
             bound = hint if hint is not None and hint > 0 else client.lease
             now = loop.time()
@@ -169,16 +177,21 @@ async def compete(
             if registration is None:
                 # Register, and only then retry: a release in between is not missed.
                 registration = waiter()
+                is_parked = True
                 parked(True)
                 await registration.ready(bound)
                 continue
+            if not is_parked:
+                is_parked = True  # a warm registration: live since before the try
+                parked(True)
             await registration.wait(bound)
             if client._closed:
                 raise ClientClosedError("the aiolock Client was closed while waiting")
     finally:
         if registration is not None:
             registration.close()
-            parked(False)
+            if is_parked:
+                parked(False)
 
 
 class Primitive:
