@@ -159,6 +159,10 @@ class LocalQueue:
             self.queue.popleft()
             turn.fut.set_result(True)
             return
+        if self.registered and self.lock is not None:
+            # Nobody here waits on: leave the waiting set in Redis, and pass on
+            # a wake-up that may have been aimed at this Client meanwhile.
+            self.lock._unwait(self)
         self.busy = False
         self.handoffs = 0
         if self.hold is None and not self.competing:
@@ -415,7 +419,7 @@ class AsyncLock(SingleHolder):
         try:
             hold = await self._compete(state, task, lease, deadline)
         except BaseException:
-            state.pass_turn()
+            state.pass_turn()  # (which leaves the waiting set if no local task waits on)
             raise
         return hold.new_lease()
 
@@ -454,23 +458,16 @@ class AsyncLock(SingleHolder):
             ttl = int(reply[1])
             return None, ttl_hint(ttl)
 
-        try:
-            token, sent = await compete(
-                client,
-                what=f"lock {self.name!r}",
-                deadline=deadline,
-                attempt=attempt,
-                waiter=self._targeted_waiter if targeted else self._waiter,
-                abandon=lambda: undo(None, RedisConnectionError("acquire abandoned")),
-                parked=state.set_competing,
-                warm=self._warm_waiter if targeted else None,
-            )
-        except BaseException:
-            if state.registered and state.live == 0:
-                # No local task takes over the wait: leave the waiting set, and
-                # pass on a wake-up that may have been sent to us meanwhile.
-                self._unwait(state)
-            raise
+        token, sent = await compete(
+            client,
+            what=f"lock {self.name!r}",
+            deadline=deadline,
+            attempt=attempt,
+            waiter=self._targeted_waiter if targeted else self._waiter,
+            abandon=lambda: undo(None, RedisConnectionError("acquire abandoned")),
+            parked=state.set_competing,
+            warm=self._warm_waiter if targeted else None,
+        )
         hold = self._install(state, task, owner, token, lease, lease_s, sent)
         hold.reserve = TOKEN_RESERVE - 1
         return hold

@@ -151,3 +151,25 @@ async def test_a_wake_up_aimed_at_a_client_that_gave_up_is_passed_on(
     await serve_all(done.pop().result(), pending)
     assert waiting_set(server, "n") == []
     await assert_clean(*(c for c in clients if c is not target))
+
+
+async def test_cancelling_every_local_waiter_at_once_leaves_the_waiting_set(
+    clients: list[Client], server: RedisServer
+) -> None:
+    """All tasks of a Client waiting on a name are cancelled together: the
+    head's turn passes to tasks that are already cancelled, and the last one
+    out takes the Client out of the waiting set."""
+    holder, waiter = clients[0], clients[1]
+    held = await holder.lock("n").acquire()
+    before = evalsha_calls(server)
+    tasks = [asyncio.create_task(waiter.lock("n").acquire()) for _ in range(50)]
+    await eventually(lambda: evalsha_calls(server) - before >= 2, what="the head parked")
+    assert waiting_set(server, "n") == [waiter.id]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(task.cancelled() for task in tasks)
+    await eventually(lambda: waiting_set(server, "n") == [], what="the Client left the set")
+    assert server.execute("EXISTS", f"{PREFIX}:{{n}}:wq") == 0
+    await held.release()
+    await assert_clean(*clients)
