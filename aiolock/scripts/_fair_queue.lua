@@ -31,10 +31,7 @@
 -- back then (a local timer, no command now).
 --@include _fence.lua
 
-local function fair_now()
-    local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+--@include _clock.lua
 
 -- cid, lease ms, grace ms, mode of a wid (nil if it is not one)
 local function fair_parse(wid)

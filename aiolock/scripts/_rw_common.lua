@@ -38,11 +38,7 @@ local function rw_fmt(n)
     return string.format('%d', n)
 end
 
--- The server's clock in milliseconds.
-local function rw_now()
-    local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+--@include _clock.lua
 
 -- Is `key` free, or a read-write lock's hash?
 local function rw_kind_ok(key)

@@ -21,10 +21,7 @@
 local SEM_RELEASED_MS = 120000
 local SEM_RELEASED_MAX = 10000
 
-local function sem_now()
-    local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+--@include _clock.lua
 
 local function sem_permits_of(member)
     return tonumber(string.match(member, '^(%d+)|')) or 0

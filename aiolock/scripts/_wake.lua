@@ -9,15 +9,12 @@
 -- waited longest) and sends "1" to that Client alone; a Client whose try then
 -- fails registers again. So one release wakes one Client, not all of them.
 
-local function wake_now_ms()
-    local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+--@include _clock.lua
 
 -- Register Client `wid` as waiting: its next try comes within `pttl` ms.
 local function wake_register(wq, wid, pttl, live_ms)
     local ms = math.max(pttl, 0) + live_ms
-    redis.call('ZADD', wq, wake_now_ms() + ms, wid)
+    redis.call('ZADD', wq, clock_ms() + ms, wid)
     if redis.call('PTTL', wq) < ms then
         redis.call('PEXPIRE', wq, ms)
     end
@@ -28,7 +25,7 @@ local function wake_next(lock, wq)
     if redis.call('EXISTS', wq) == 0 then
         return
     end
-    redis.call('ZREMRANGEBYSCORE', wq, '-inf', wake_now_ms())
+    redis.call('ZREMRANGEBYSCORE', wq, '-inf', clock_ms())
     local first = redis.call('ZRANGE', wq, 0, 0)
     if first[1] then
         redis.call('ZREM', wq, first[1])

@@ -27,7 +27,7 @@ if redis.call('HEXISTS', lock, wid) == 1 then
     redis.call('PEXPIRE', lock, ARGV[2])
     return {1, tonumber(redis.call('HGET', lock, '~fence'))}
 end
-local now = fair_now()
+local now = clock_ms()
 if redis.call('EXISTS', lock) == 0 then
     local head = nil
     if redis.call('EXISTS', q) == 1 then

@@ -12,5 +12,5 @@
 -- not recorded as released, so its owner's release reports "not owned".
 --@include _fair_queue.lua
 local deleted = redis.call('DEL', KEYS[1])
-fair_settle(KEYS[1], KEYS[2], KEYS[3], fair_now(), ARGV[1], ARGV[2], ARGV[3])
+fair_settle(KEYS[1], KEYS[2], KEYS[3], clock_ms(), ARGV[1], ARGV[2], ARGV[3])
 return deleted

@@ -21,5 +21,5 @@ if redis.call('HEXISTS', lock, ARGV[1]) == 1 then
     fair_released(fence, token, ARGV[2])
     found = 1
 end
-fair_settle(lock, fence, q, fair_now(), ARGV[2], ARGV[3], ARGV[4])
+fair_settle(lock, fence, q, clock_ms(), ARGV[2], ARGV[3], ARGV[4])
 return found

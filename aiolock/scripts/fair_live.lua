@@ -12,7 +12,7 @@
 --@include _fair_queue.lua
 local result = {}
 local lease_ms = tonumber(ARGV[1])
-local now = fair_now()
+local now = clock_ms()
 for i, q in ipairs(KEYS) do
     local cid = ARGV[1 + i]
     local score = redis.call('ZSCORE', q, '~' .. cid)

@@ -27,5 +27,5 @@ if redis.call('HEXISTS', lock, ARGV[1]) == 1 and redis.call('HGET', lock, '~fenc
 elseif redis.call('HGET', fence, 'r') == ARGV[2] then
     code = 2
 end
-fair_settle(lock, fence, q, fair_now(), ARGV[3], ARGV[4], ARGV[5])
+fair_settle(lock, fence, q, clock_ms(), ARGV[3], ARGV[4], ARGV[5])
 return code

@@ -25,7 +25,7 @@ local key, owner, nonce = KEYS[1], ARGV[1], ARGV[5]
 if not rw_kind_ok(key) then
     return redis.error_reply(RW_WRONG_KIND)
 end
-local now = rw_now()
+local now = clock_ms()
 local lease = tonumber(ARGV[2])
 rw_purge(key, now)
 local token = redis.call('HGET', key, 'r:' .. owner)

@@ -31,7 +31,7 @@ local key, owner, nonce = KEYS[1], ARGV[1], ARGV[5]
 if not rw_kind_ok(key) then
     return redis.error_reply(RW_WRONG_KIND)
 end
-local now = rw_now()
+local now = clock_ms()
 local lease = tonumber(ARGV[2])
 local member = owner .. '#' .. nonce
 rw_purge(key, now)

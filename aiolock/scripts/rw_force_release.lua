@@ -18,7 +18,7 @@ local key, what = KEYS[1], ARGV[1]
 if not rw_kind_ok(key) then
     return redis.error_reply(RW_WRONG_KIND)
 end
-local now = rw_now()
+local now = clock_ms()
 rw_purge(key, now)
 local evicted = 0
 if (what == 'write' or what == 'all') and redis.call('HEXISTS', key, 'w') == 1 then

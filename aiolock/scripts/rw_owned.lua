@@ -20,7 +20,7 @@ end
 if not ours then
     return -2
 end
-local left = tonumber(redis.call('HGET', key, field) or '0') - rw_now()
+local left = tonumber(redis.call('HGET', key, field) or '0') - clock_ms()
 if left <= 0 then
     return -2
 end

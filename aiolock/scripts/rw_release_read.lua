@@ -18,7 +18,7 @@ local key, owner, token = KEYS[1], ARGV[1], ARGV[2]
 if not rw_kind_ok(key) then
     return redis.error_reply(RW_WRONG_KIND)
 end
-local now = rw_now()
+local now = clock_ms()
 rw_purge(key, now)
 if rw_is_reader(key, owner, token, ARGV[4]) then
     rw_remember(KEYS[2], redis.call('HGET', key, 'r:' .. owner))

@@ -25,7 +25,7 @@ local key, owner, token, nonce = KEYS[1], ARGV[1], ARGV[2], ARGV[5]
 if not rw_kind_ok(key) then
     return redis.error_reply(RW_WRONG_KIND)
 end
-local now = rw_now()
+local now = clock_ms()
 rw_purge(key, now)
 local unwaited = nonce ~= '' and redis.call('ZREM', KEYS[3], owner .. '#' .. nonce) == 1
 if rw_is_writer(key, owner, token, nonce) then

@@ -10,7 +10,7 @@
 -- token, not expired) and now lasts at least lease_ms (never shortened), 0 if
 -- it is gone (expired, force-released): lost.
 --@include _rw_common.lua
-local now = rw_now()
+local now = clock_ms()
 local lease = tonumber(ARGV[1])
 local result = {}
 for i, key in ipairs(KEYS) do

@@ -8,7 +8,7 @@
 -- Returns one integer per key: 1 if the entry was still there (not expired)
 -- and now lasts at least wait_ms (never shortened), 0 if it is gone.
 --@include _rw_common.lua
-local now = rw_now()
+local now = clock_ms()
 local ms = tonumber(ARGV[1])
 local result = {}
 for i, key in ipairs(KEYS) do

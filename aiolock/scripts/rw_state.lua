@@ -12,7 +12,7 @@ local key = KEYS[1]
 if not rw_kind_ok(key) then
     return redis.error_reply(RW_WRONG_KIND)
 end
-local now = rw_now()
+local now = clock_ms()
 local writer_ms = -2
 local wx = tonumber(redis.call('HGET', key, 'wx') or '0')
 if wx > now then

@@ -21,7 +21,7 @@ local key = KEYS[2]
 if not rw_kind_ok(key) then
     return 1
 end
-local now = rw_now()
+local now = clock_ms()
 rw_purge(key, now)
 if redis.call('HEXISTS', key, 'w') == 0 then
     if rw_zlive(KEYS[1], now) == 0 then

@@ -35,7 +35,7 @@
 local main, holders = KEYS[1], KEYS[2]
 local member = ARGV[1]
 local lease_ms = tonumber(ARGV[3])
-local now = sem_now()
+local now = clock_ms()
 local k = sem_permits_of(member)
 local n, used, freed = sem_state(main, holders, ARGV[2], now)
 local result

@@ -18,7 +18,7 @@
 --@include _sem.lua
 local main, holders, released = KEYS[1], KEYS[2], KEYS[3]
 local member = ARGV[1]
-local now = sem_now()
+local now = clock_ms()
 local n, used, freed = sem_state(main, holders, ARGV[2], now)
 local code = 0
 if redis.call('ZREM', holders, member) == 1 then

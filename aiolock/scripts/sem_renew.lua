@@ -7,10 +7,10 @@
 -- Returns one integer per key: 1 if the member still holds (its expiry is now
 -- at least now + lease_ms, never shortened, and the zset lives at least as
 -- long), 0 if it is gone or already expired (lost; never revived).
+--@include _clock.lua
 local result = {}
 local lease_ms = tonumber(ARGV[1])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = clock_ms()
 for i, key in ipairs(KEYS) do
     local member = ARGV[i + 1]
     local score = tonumber(redis.call('ZSCORE', key, member))

@@ -15,7 +15,7 @@
 -- Returns the previous N.
 --@include _sem.lua
 local main, holders = KEYS[1], KEYS[2]
-local now = sem_now()
+local now = clock_ms()
 local old, used, freed = sem_state(main, holders, ARGV[2], now)
 local n = tonumber(ARGV[1])
 redis.call('HSET', main, 'n', n)

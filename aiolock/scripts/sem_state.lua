@@ -10,7 +10,7 @@
 -- Returns {n, used}.
 --@include _sem.lua
 local main, holders = KEYS[1], KEYS[2]
-local now = sem_now()
+local now = clock_ms()
 local n, used, freed = sem_state(main, holders, ARGV[1], now)
 sem_wake(main, ARGV[3], KEYS[3], n, used, freed, now)
 sem_touch(main, holders, now, ARGV[2], n, ARGV[1])
