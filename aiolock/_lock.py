@@ -159,10 +159,10 @@ class LocalQueue:
             self.queue.popleft()
             turn.fut.set_result(True)
             return
-        if self.registered and self.lock is not None:
+        if self.registered:
             # Nobody here waits on: leave the waiting set in Redis, and pass on
             # a wake-up that may have been aimed at this Client meanwhile.
-            self.lock._unwait(self)
+            self._leave_soon()
         self.busy = False
         self.handoffs = 0
         if self.hold is None and not self.competing:
@@ -306,12 +306,35 @@ class LocalQueue:
         client._release_finished(hold, outcome, code)
 
     def leave(self) -> asyncio.Future[Any] | None:
-        """Take this Client out of the lock's waiting set in Redis, if it may be in it."""
+        """Take this Client out of the lock's waiting set in Redis, if it may be in it.
+
+        The command is on the wire when this returns, so it runs before any
+        later try of a local task (same connection, in order).
+        """
         if not self.registered or self.lock is None:
             return None
         self.registered = False
-        lock = self.lock
-        return self.client._submit_script("unwait", (lock._key, lock._wq_key), (self.client.id,))
+        return self.client._submit_script("unwait", *self._unwait_call())
+
+    def _unwait_call(self) -> tuple[tuple[str, str], tuple[str]]:
+        assert self.lock is not None
+        return (self.lock._key, self.lock._wq_key), (self.client.id,)
+
+    def _leave_soon(self) -> None:
+        """leave(), retried in the background if its reply is lost (not on close:
+        aclose() leaves every waiting set itself)."""
+        client = self.client
+        if client._closed:
+            return
+        reply = self.leave()
+        if reply is None:
+            return
+
+        def done(reply: asyncio.Future[Any]) -> None:
+            if (reply.cancelled() or reply.exception() is not None) and not client._closed:
+                client._spawn(client._retry("unwait", *self._unwait_call()))
+
+        reply.add_done_callback(done)
 
     def close(self) -> None:
         queue, self.queue = self.queue, deque()
@@ -482,23 +505,6 @@ class AsyncLock(SingleHolder):
         if channel is None or not channel.is_confirmed or channel.closed:
             return None
         return PubSubWaiter(listener, self._wait_channel)
-
-    def _unwait(self, state: LocalQueue) -> None:
-        """Leave the waiting set now (on the wire before the next local try)."""
-        client = self._client
-        if client._closed:
-            return  # aclose() does it (see LocalQueue.leave)
-        keys, args = (self._key, self._wq_key), (client.id,)
-        reply = state.leave()
-        if reply is None:
-            return
-
-        def done(reply: asyncio.Future[Any]) -> None:
-            if reply.cancelled() or reply.exception() is not None:
-                if not client._closed:
-                    client._spawn(client._retry("unwait", keys, args))
-
-        reply.add_done_callback(done)
 
     def _install(
         self,
