@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiolock import Client
+
+if TYPE_CHECKING:
+    from tests.servers import RedisServer
 
 
 async def eventually(
@@ -37,3 +41,9 @@ async def assert_clean(client: Client, *clients: Client) -> None:
     for c in (client, *clients):
         await eventually(lambda c=c: is_quiet(c), what=f"{c!r} to be quiet")
         assert c._states == {}, f"local lock states left behind: {c._states}"
+
+
+def evalsha_calls(server: RedisServer) -> int:
+    """Script calls the server has run so far (INFO commandstats)."""
+    stats = server.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))

@@ -30,7 +30,7 @@ from aiolock import (
 )
 from aiolock._client import Notify
 from aiolock._rwlock import ReadLock, ReadWriteLock, WriteLock
-from tests.core_util import assert_clean, eventually
+from tests.core_util import assert_clean, evalsha_calls, eventually
 from tests.servers import RedisServer
 
 T = TypeVar("T")
@@ -79,11 +79,6 @@ def _gone(server: RedisServer, key: str) -> bool:
 
 def _waiting(client: Client, count: int) -> bool:
     return client.statistics().waiting == count
-
-
-def evalsha_calls(server: RedisServer) -> int:
-    stats = server.info("commandstats")
-    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
 
 def rw_keys(server: RedisServer, name: str) -> set[str]:

@@ -17,7 +17,7 @@ from contextlib import AsyncExitStack
 import pytest
 
 from aiolock import Client, ClientClosedError, Lease
-from tests.core_util import assert_clean, eventually
+from tests.core_util import assert_clean, evalsha_calls, eventually
 from tests.servers import RedisServer
 
 PREFIX = "wk"
@@ -34,11 +34,6 @@ async def clients(url: str) -> AsyncIterator[list[Client]]:
             for _ in range(5)
         ]
         yield made
-
-
-def evalsha_calls(server: RedisServer) -> int:
-    stats = server.info("commandstats")
-    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
 
 def waiting_set(server: RedisServer, name: str) -> list[str]:
@@ -172,4 +167,43 @@ async def test_cancelling_every_local_waiter_at_once_leaves_the_waiting_set(
     await eventually(lambda: waiting_set(server, "n") == [], what="the Client left the set")
     assert server.execute("EXISTS", f"{PREFIX}:{{n}}:wq") == 0
     await held.release()
+    await assert_clean(*clients)
+
+
+@pytest.mark.parametrize("where", ["parked", "first try in flight"])
+async def test_a_warm_waiter_cancelled_leaves_nothing(
+    clients: list[Client], server: RedisServer, where: str
+) -> None:
+    """A waiter whose channel is still subscribed from an earlier wait parks
+    after one try (no confirming retry); cancelled while parked or during that
+    try, it leaves no registration, subscription or waiting-set entry."""
+    holder, waiter = clients[0], clients[1]
+    waiter._listener.LINGER = 60.0  # keep the channel warm however slow the machine
+    held = await holder.lock("n").acquire()
+    first = asyncio.create_task(waiter.lock("n").acquire())
+    await eventually(lambda: waiting_set(server, "n") == [waiter.id], what="a waiter")
+    await held.release()
+    lease = await asyncio.wait_for(first, 20)
+    behind = asyncio.create_task(holder.lock("n").acquire())
+    await eventually(lambda: holder.statistics().waiting == 1, what="the holder waiting")
+    await lease.release()
+    held = await asyncio.wait_for(behind, 20)
+    # The waiter's channel lingers, subscribed: the next wait starts warm.
+    assert waiter.statistics().subscriptions == 0 and waiter._listener.channels
+    before = evalsha_calls(server)
+    task = asyncio.create_task(waiter.lock("n").acquire())
+    if where == "parked":
+        await eventually(lambda: waiter.statistics().waiting == 1, what="parked")
+        await asyncio.sleep(0.2)  # a confirming retry, if any, would run now
+        assert evalsha_calls(server) - before == 1, "parked after one try"
+        assert waiting_set(server, "n") == [waiter.id]
+    else:
+        await asyncio.sleep(0)  # the first try is on the wire
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await eventually(lambda: waiting_set(server, "n") == [], what="the waiter left the set")
+    assert waiter.statistics().subscriptions == 0 and waiter.statistics().waiting == 0
+    await held.release()
+    assert server.execute("EXISTS", f"{PREFIX}:{{n}}:wq") == 0
     await assert_clean(*clients)
