@@ -58,6 +58,7 @@ class Channel:
         "_permits",
         "_waiters",
         "closed",
+        "grant_sink",
         "handler",
         "name",
         "refs",
@@ -78,6 +79,9 @@ class Channel:
         self.resync = False
         # If set, messages go to it instead of waking parked waiters (see above).
         self.handler: Callable[[bytes], None] | None = None
+        # If set, a grant message ("g ...", see scripts/_wake.lua) is given to
+        # it before it wakes a waiter as "1" does.
+        self.grant_sink: Callable[[bytes], None] | None = None
 
     # -- subscription state (driven by the Listener) ---------------------------
 
@@ -169,8 +173,12 @@ class Channel:
             self._permits += 1
 
     def wake(self, message: bytes) -> None:
-        """Dispatch a release message: "1" wakes one, "*" wakes all, "<n>" wakes n."""
-        if self.handler is not None:
+        """Dispatch a release message: "1" wakes one, "*" wakes all, "<n>" wakes n,
+        "g ..." (a lock granted to this Client) goes to ``grant_sink`` and wakes one."""
+        if message[:2] == b"g " and self.grant_sink is not None:
+            self.grant_sink(message)
+            self.wake_one()
+        elif self.handler is not None:
             self.handler(message)
         elif message == WAKE_ONE:
             self.wake_one()

@@ -77,13 +77,14 @@ class LocalQueue:
         "busy",
         "client",
         "competing",
+        "grant",
         "handoffs",
         "hold",
         "key",
         "live",
         "lock",
+        "member",
         "queue",
-        "registered",
         "yield_next",
     )
 
@@ -96,8 +97,12 @@ class LocalQueue:
         self.competing = False
         self.handoffs = 0
         self.yield_next = False
-        # Whether this Client may be in the lock's waiting set in Redis.
-        self.registered = False
+        # This Client's entry in the lock's waiting set in Redis, if it may
+        # have one ("" if not; see scripts/_wake.lua).
+        self.member = ""
+        # A grant to that entry, received but not taken up yet:
+        # (token, tokens reserved, member, when it arrived).
+        self.grant: tuple[int, int, str, float] | None = None
         # FIFO of waiting turns. A turn whose task gave up stays in it, dead
         # (its future is done), until it reaches the head: removal is O(1)
         # for each of the 100,000 waiters cancelled at once.
@@ -159,9 +164,9 @@ class LocalQueue:
             self.queue.popleft()
             turn.fut.set_result(True)
             return
-        if self.registered:
+        if self.member:
             # Nobody here waits on: leave the waiting set in Redis, and pass on
-            # a wake-up that may have been aimed at this Client meanwhile.
+            # a grant or wake-up that may have been aimed at this Client meanwhile.
             self._leave_soon()
         self.busy = False
         self.handoffs = 0
@@ -305,20 +310,51 @@ class LocalQueue:
             return
         client._release_finished(hold, outcome, code)
 
+    def registered(self, member: str) -> str:
+        """A try of the competing task is about to register ``member`` ("" for
+        none): return the entry it replaces in Redis (see acquire.lua)."""
+        prev, self.member, self.grant = self.member, member, None
+        return prev
+
+    def on_grant(self, message: bytes) -> None:
+        """The listener got "g <token> <reserve> <member>": the lock was granted
+        to this Client's entry ``member``. Kept if that entry is still this
+        Client's; otherwise it was already taken over by a later try or
+        released by leave(), and the message is stale."""
+        try:
+            _, token, reserve, member = message.decode().split(" ", 3)
+            grant = (int(token), int(reserve), member, asyncio.get_running_loop().time())
+        except ValueError:
+            return
+        if member == self.member:
+            self.grant = grant
+
+    def take_grant(self, member: str) -> tuple[int, int, float] | None:
+        """The grant to ``member``, if one arrived: (token, reserve, arrival time)."""
+        grant = self.grant
+        if grant is None or grant[2] != member or self.member != member:
+            return None
+        self.grant = None
+        self.member = ""
+        return grant[0], grant[1], grant[3]
+
     def leave(self) -> asyncio.Future[Any] | None:
-        """Take this Client out of the lock's waiting set in Redis, if it may be in it.
+        """Take this Client out of the lock's waiting set in Redis, if it may be
+        in it, releasing a grant to it that no task took up.
 
         The command is on the wire when this returns, so it runs before any
         later try of a local task (same connection, in order).
         """
-        if not self.registered or self.lock is None:
+        if not self.member or self.lock is None:
             return None
-        self.registered = False
-        return self.client._submit_script("unwait", *self._unwait_call())
+        member = self.registered("")
+        return self.client._submit_script("unwait", *self._unwait_call(member))
 
-    def _unwait_call(self) -> tuple[tuple[str, str], tuple[str]]:
-        assert self.lock is not None
-        return (self.lock._key, self.lock._wq_key), (self.client.id,)
+    def _unwait_call(self, member: str) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+        lock = self.lock
+        assert lock is not None
+        keys = (lock._key, lock._fence_key, lock._signal, lock._wq_key)
+        return keys, (member, self.client._retention_ms, lock._channel)
 
     def _leave_soon(self) -> None:
         """leave(), retried in the background if its reply is lost (not on close:
@@ -326,13 +362,14 @@ class LocalQueue:
         client = self.client
         if client._closed:
             return
+        member = self.member
         reply = self.leave()
         if reply is None:
             return
 
         def done(reply: asyncio.Future[Any]) -> None:
             if (reply.cancelled() or reply.exception() is not None) and not client._closed:
-                client._spawn(client._retry("unwait", *self._unwait_call()))
+                client._spawn(client._retry("unwait", *self._unwait_call(member)))
 
         reply.add_done_callback(done)
 
@@ -368,15 +405,19 @@ class AsyncLock(SingleHolder):
     * **Fairness:** tasks of one Client queue FIFO locally and only the head
       of that queue competes in Redis; across Clients it is not fair (use
       the fair lock for strict FIFO).
-    * **Wake-ups** (``notify="pubsub"``): a Client whose task waits is
-      registered in Redis, and a release wakes one registered Client (about
-      the one that has waited longest), on that Client's own channel: a
-      release costs the same whether 1 or 100 Clients wait, and no Client is
-      woken only to lose the race. A waiter that gives up (cancelled, timed
-      out, Client closed) leaves the set at once and passes on a wake-up it
-      may have been sent. A Client that dies while waiting (no ``aclose``)
-      can swallow one wake-up; the others then try again at their bound,
-      the holder's remaining lease at their last try, at most one lease later.
+    * **Wake-ups and grants** (``notify="pubsub"``): the task of a Client
+      that waits (one per Client; its other tasks queue behind it) is
+      registered in Redis, and a release hands the lock to the next
+      registered task (about the one that has waited longest) in the same
+      script, telling only that task's Client, on its own channel: the
+      grantee takes the lock without a round trip, and no Client is woken
+      only to lose the race. A waiter with a fixed ``lease=`` is woken
+      instead and takes the lock with its own try. A release costs the same
+      whether 1 or 100 Clients wait. A waiter that gives up (cancelled,
+      timed out, Client closed) leaves at once, and a grant or wake-up sent
+      to it goes to its Client's next task or is passed on. A Client that
+      no longer listens (dead, disconnected) is skipped; one that hangs
+      while still connected keeps a grant for at most its Client's lease.
     * **Lease expiry:** without ``lease=`` the hold has the Client's lease
       time and the watchdog renews it while held. With ``lease=`` it simply
       expires then. Either way, a hold that ends without a release is
@@ -461,25 +502,34 @@ class AsyncLock(SingleHolder):
         owner = client.owner(task)
         lease_s = client.lease if lease is None else lease
         keys = (self._key, self._fence_key, self._wq_key)
-        base = (owner, to_ms(lease_s), client._retention_ms, TOKEN_RESERVE, client._attempt_id())
+        attempt_id = client._attempt_id()
+        base = (owner, to_ms(lease_s), client._retention_ms, TOKEN_RESERVE, attempt_id)
         targeted = self._targeted and client.notify == "pubsub"
-        wid = client.id if targeted else ""
+        # This task's entry in the waiting set: a watchdog hold may be granted
+        # to it by a release (for one Client lease, renewed as any other); a
+        # fixed lease is only woken (see scripts/_wake.lua).
+        member = f"{owner}|{attempt_id}|{client._lease_ms if lease is None else 0}"
         undo = functools.partial(_undo_acquire, client, self._release_keys(), owner, self._channel)
         script = self._acquire_script
+        granted: tuple[int, int, float] | None = None
 
         async def attempt() -> tuple[int | None, float | None]:
+            nonlocal granted
+            granted = state.take_grant(member)
+            if granted is not None:
+                return granted[0], None  # granted by a release: no round trip
             # Register for a wake-up only if this call may wait.
-            register = wid if deadline is None or deadline > loop.time() else ""
-            registered = "1" if state.registered else ""
-            if register:
-                state.registered = True
-            args = (*base, register, client._lease_ms, registered)
+            may_wait = targeted and (deadline is None or deadline > loop.time())
+            prev = state.registered(member if may_wait else "")
+            args = (*base, member if may_wait else "", client._lease_ms, prev)
             reply = await client._eval(script, keys, args, undo)
             if reply[0] == 1:
-                state.registered = False
+                state.registered("")
                 return int(reply[1]), None
-            ttl = int(reply[1])
-            return None, ttl_hint(ttl)
+            granted = state.take_grant(member)  # granted while the try was on the wire
+            if granted is not None:
+                return granted[0], None
+            return None, ttl_hint(int(reply[1]))
 
         token, sent = await compete(
             client,
@@ -491,12 +541,19 @@ class AsyncLock(SingleHolder):
             parked=state.set_competing,
             warm=self._warm_waiter if targeted else None,
         )
+        reserve = TOKEN_RESERVE
+        if granted is not None:
+            # The lease runs from the grant's arrival (the release ran a
+            # one-way trip earlier; the watchdog renews long before it matters).
+            _, reserve, sent = granted
         hold = self._install(state, task, owner, token, lease, lease_s, sent)
-        hold.reserve = TOKEN_RESERVE - 1
+        hold.reserve = reserve - 1
         return hold
 
     def _targeted_waiter(self) -> Waiter:
-        return self._client._waiter(self._wait_channel, self._signal)
+        waiter = PubSubWaiter(self._client._listener, self._wait_channel)
+        self._sink_grants()
+        return waiter
 
     def _warm_waiter(self) -> Waiter | None:
         """This Client's channel of the lock, if it is still subscribed (lingering)."""
@@ -504,7 +561,19 @@ class AsyncLock(SingleHolder):
         channel = listener.channels.get(self._wait_channel)
         if channel is None or not channel.is_confirmed or channel.closed:
             return None
-        return PubSubWaiter(listener, self._wait_channel)
+        waiter = PubSubWaiter(listener, self._wait_channel)
+        self._sink_grants()
+        return waiter
+
+    def _sink_grants(self) -> None:
+        channel = self._client._listener.channels.get(self._wait_channel)
+        if channel is not None and channel.grant_sink is None:
+            channel.grant_sink = self._on_grant
+
+    def _on_grant(self, message: bytes) -> None:
+        state = self._client._states.get(self._key)
+        if isinstance(state, LocalQueue):
+            state.on_grant(message)
 
     def _install(
         self,
@@ -581,7 +650,9 @@ class AsyncLock(SingleHolder):
         client._enter()
         deleted = int(
             await client._eval(
-                "force_release", (self._key, self._signal, self._wq_key), (self._channel,)
+                "force_release",
+                (self._key, self._signal, self._wq_key, self._fence_key),
+                (self._channel, client._retention_ms),
             )
         )
         state: LocalQueue | None = client._states.get(self._key)

@@ -1,7 +1,8 @@
 """The Lua scripts, one ``.lua`` file per operation under ``aiolock/scripts``.
 
 Each file starts with its contract: KEYS, ARGV and the return value. A line
-``--@include _x.lua`` is replaced by that file's text, so a snippet shared by
+``--@include _x.lua`` is replaced by that file's text (once per script: a
+snippet that two others include appears once), so a snippet shared by
 several scripts (the fencing counter) is written once. Script objects belong
 to one Client: it loads them with SCRIPT LOAD on first use, runs them with
 EVALSHA, and reloads on NOSCRIPT (after a restart, a failover or SCRIPT FLUSH).
@@ -19,11 +20,18 @@ __all__ = ["Script", "load_scripts", "script_names"]
 
 @functools.cache
 def _source(filename: str) -> str:
+    return _expand(filename, set())
+
+
+def _expand(filename: str, included: set[str]) -> str:
     text = resources.files("aiolock").joinpath("scripts", filename).read_text("utf-8")
     lines = []
     for line in text.splitlines():
         if line.startswith("--@include "):
-            lines.append(_source(line.split(None, 1)[1].strip()))
+            snippet = line.split(None, 1)[1].strip()
+            if snippet not in included:
+                included.add(snippet)
+                lines.append(_expand(snippet, included))
         else:
             lines.append(line)
     return "\n".join(lines) + "\n"

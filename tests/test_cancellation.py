@@ -141,7 +141,7 @@ def test_channel_keeps_a_permit_for_a_waiter_not_yet_parked() -> None:
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, 2, 3])
 async def test_random_cancellation_fuzz(
     client: Client, other: Client, server: RedisServer, seed: int
 ) -> None:
@@ -179,7 +179,10 @@ async def test_random_cancellation_fuzz(
                 inside -= 1
                 await lease.release()
         else:
-            lease = await lock.acquire(timeout=rng.choice([0.001, 0.01, 1.0]))
+            # A fixed lease is woken, a watchdog lease granted (scripts/_wake.lua).
+            lease = await lock.acquire(
+                timeout=rng.choice([0.001, 0.01, 1.0]), lease=rng.choice([None, 30.0])
+            )
             inside += 1
             assert inside == 1
             acquired += 1
@@ -214,6 +217,8 @@ async def test_random_cancellation_fuzz(
     assert acquired > 100 and cancelled > 300, (acquired, cancelled)
     await assert_clean(client, other)
     assert server.execute("EXISTS", "c:{fuzz}") == 0
+    # Every waiter that gave up left the waiting set (and released any grant).
+    await eventually(lambda: server.execute("EXISTS", "c:{fuzz}:wq") == 0, what="no waiting set")
 
 
 def test_channel_waiters_that_give_up_leave_in_constant_time() -> None:

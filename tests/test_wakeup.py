@@ -1,15 +1,20 @@
-"""Targeted wake-ups of the plain lock across Clients (pub/sub mode).
+"""Targeted wake-ups and grants of the plain lock across Clients (pub/sub mode).
 
 A release wakes one waiting Client, not every Client that waits: the lock
-keeps a set of waiting Clients in Redis (see ``scripts/_wake.lua``). These
-tests check that a release wakes exactly one, and that a wake-up aimed at a
-Client whose waiter gave up (cancelled, timed out, closed) is passed on at
-once rather than waiting for the holder's TTL.
+keeps a set of waiting tasks in Redis, one per Client (see
+``scripts/_wake.lua``), and grants the lock to the next one in the release
+itself. These tests check that a release wakes exactly one, that the grant
+costs no acquire round trip, and that a grant or wake-up aimed at a Client
+whose waiter gave up (cancelled, timed out, closed) is passed on at once
+rather than waiting for the holder's TTL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -17,6 +22,7 @@ from contextlib import AsyncExitStack
 import pytest
 
 from aiolock import Client, ClientClosedError, Lease
+from aiolock._notify import ListWaiter
 from tests.core_util import assert_clean, evalsha_calls, eventually
 from tests.servers import RedisServer
 
@@ -37,7 +43,9 @@ async def clients(url: str) -> AsyncIterator[list[Client]]:
 
 
 def waiting_set(server: RedisServer, name: str) -> list[str]:
-    return list(server.execute("ZRANGE", f"{PREFIX}:{{{name}}}:wq", 0, -1))
+    """The ids of the Clients in the lock's waiting set, in the order it wakes them."""
+    members = server.execute("ZRANGE", f"{PREFIX}:{{{name}}}:wq", 0, -1)
+    return [member.split(":", 1)[0] for member in members]
 
 
 async def park(clients: list[Client], server: RedisServer) -> list[asyncio.Task[Lease]]:
@@ -78,7 +86,9 @@ async def test_a_release_wakes_exactly_one_waiting_client(
     assert len(done) == 1, "the release woke one waiter"
     # Give a herd time to show itself: any other woken Client would try now.
     await asyncio.sleep(0.5)
-    assert evalsha_calls(server) - before == 2, "one release, one acquire: nobody else woken"
+    # The release granted the lock to the woken Client's task in the same
+    # script: no acquire round trip, and nobody else woken.
+    assert evalsha_calls(server) - before == 1, "one release, no acquire, nobody else woken"
     assert all(not t.done() for t in pending)
     assert len(waiting_set(server, "n")) == len(waiters) - 1
     # Each later release wakes the next Client, until none waits.
@@ -207,3 +217,144 @@ async def test_a_warm_waiter_cancelled_leaves_nothing(
     await held.release()
     assert server.execute("EXISTS", f"{PREFIX}:{{n}}:wq") == 0
     await assert_clean(*clients)
+
+
+async def test_a_grant_to_a_task_that_gave_up_goes_to_the_next_local_task(
+    clients: list[Client], server: RedisServer
+) -> None:
+    """The release grants the lock to the Client's head task, which is cancelled
+    before it takes it up: the next local task takes the grant over with its
+    own try, at once (not after the holder's 60 s TTL), and leaves nothing."""
+    holder, waiter = clients[0], clients[1]
+    held = await holder.lock("n").acquire()
+    before = evalsha_calls(server)
+    head = asyncio.create_task(waiter.lock("n").acquire())
+    await eventually(lambda: evalsha_calls(server) - before >= 2, what="the head parked")
+    behind = asyncio.create_task(waiter.lock("n").acquire())
+    await eventually(lambda: waiter.statistics().waiting == 2, what="a second local waiter")
+    loop = asyncio.get_running_loop()
+    release = asyncio.create_task(held.release())
+    await asyncio.sleep(0)  # the release is on the wire
+    time.sleep(0.1)  # noqa: ASYNC251  (Redis grants the lock to `head` meanwhile)
+    head.cancel()
+    started = loop.time()
+    await release
+    got = await asyncio.wait_for(behind, 20)
+    assert loop.time() - started < 10, "taken over at once, not after the 60 s TTL"
+    assert head.cancelled()
+    assert got.fencing_token > held.fencing_token
+    assert waiting_set(server, "n") == []
+    await got.release()
+    assert server.execute("EXISTS", f"{PREFIX}:{{n}}") == 0
+    await assert_clean(*clients)
+
+
+async def test_a_fixed_lease_waiter_is_woken_not_granted(
+    clients: list[Client], server: RedisServer
+) -> None:
+    """A task that asked for a fixed lease is woken and takes the lock with its
+    own try (its lease then runs from a time it knows)."""
+    holder, waiter = clients[0], clients[1]
+    held = await holder.lock("n").acquire()
+    before = evalsha_calls(server)
+    task = asyncio.create_task(waiter.lock("n").acquire(lease=30))
+    await eventually(lambda: evalsha_calls(server) - before >= 2, what="the waiter parked")
+    assert waiting_set(server, "n") == [waiter.id]
+    before = evalsha_calls(server)
+    await held.release()
+    got = await asyncio.wait_for(task, 20)
+    assert evalsha_calls(server) - before == 2, "the release, then the woken waiter's try"
+    assert 0 < server.execute("PTTL", f"{PREFIX}:{{n}}") <= 30_000
+    await got.release()
+    await assert_clean(*clients)
+
+
+async def test_untargeted_waiters_are_woken_after_a_grant(
+    url: str, server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter that is not in the waiting set (a list-mode Client's) waits
+    beside a registered one: the release grants the lock to the registered
+    waiter, and that waiter's release then wakes the other at once (the
+    grant carried the "someone else waits" flag on)."""
+    # A list-mode waiter re-checks every PARK_MAX seconds: make that longer
+    # than the test's bound, so only the wake-up can get it going in time.
+    monkeypatch.setattr(ListWaiter, "PARK_MAX", 2 * LEASE)
+    async with AsyncExitStack() as stack:
+        holder, targeted, other = [
+            await stack.enter_async_context(
+                Client.from_url(url, prefix=PREFIX, lease=LEASE, notify=notify)
+            )
+            for notify in ("pubsub", "pubsub", "list")
+        ]
+        held = await holder.lock("n").acquire()
+        before = evalsha_calls(server)
+        first = asyncio.create_task(targeted.lock("n").acquire())
+        await eventually(lambda: evalsha_calls(server) - before >= 2, what="pub/sub waiter parked")
+        before = evalsha_calls(server)
+        second = asyncio.create_task(other.lock("n").acquire())
+        # It tries once, registers, tries again, and once its BLPOP connection
+        # is up (which wakes it, as any reconnect does) a third time; then parks.
+        await eventually(lambda: "cmd=blpop" in server.execute("CLIENT", "LIST"), what="its BLPOP")
+        await eventually(lambda: evalsha_calls(server) - before >= 3, what="list waiter parked")
+        assert server.execute("HEXISTS", f"{PREFIX}:{{n}}", "~n") == 1
+        await held.release()
+        got = await asyncio.wait_for(first, 20)
+        assert not second.done()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await got.release()
+        last = await asyncio.wait_for(second, 20)
+        assert loop.time() - started < 10, "woken by the release, not by the 60 s TTL"
+        await last.release()
+        await assert_clean(holder, targeted, other)
+
+
+_CRASHER = """
+import asyncio, sys
+from aiolock import Client
+async def main():
+    client = Client.from_url(sys.argv[1], prefix=sys.argv[2], lease=float(sys.argv[3]))
+    await client.lock("n").acquire()
+asyncio.run(main())
+"""
+
+
+async def test_a_dead_waiting_client_is_skipped(
+    clients: list[Client], server: RedisServer, url: str
+) -> None:
+    """A waiter process killed while first in the waiting set (its entry is
+    still live) is not granted the lock: nobody hears its channel, so the
+    release passes it over, and the next Client gets the lock at once."""
+    holder = clients[0]
+    # A longer lease than the dead one's: its entry lapses later, so it is
+    # second in the waiting set (entries are ordered by when they lapse).
+    survivor = Client.from_url(url, prefix=PREFIX, lease=2 * LEASE)
+    held = await holder.lock("n").acquire()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CRASHER, url, PREFIX, str(LEASE), cwd=os.getcwd()
+    )
+    try:
+        await eventually(lambda: len(waiting_set(server, "n")) == 1, timeout=30, what="crasher")
+        channel = f"{PREFIX}:{{n}}:w:{waiting_set(server, 'n')[0]}"
+        await eventually(
+            lambda: server.execute("PUBSUB", "NUMSUB", channel)[1] == 1, what="it listens"
+        )
+        task = asyncio.create_task(survivor.lock("n").acquire())
+        await eventually(lambda: len(waiting_set(server, "n")) == 2, what="the survivor waits")
+        assert waiting_set(server, "n")[1] == survivor.id, "the dead one comes first"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    await eventually(
+        lambda: server.execute("PUBSUB", "NUMSUB", channel)[1] == 0, what="its channel gone"
+    )
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await held.release()
+    got = await asyncio.wait_for(task, 20)
+    assert loop.time() - started < 10, "granted at once, not after the dead one's 60 s"
+    assert waiting_set(server, "n") == []
+    await got.release()
+    assert server.execute("EXISTS", f"{PREFIX}:{{n}}") == 0
+    await survivor.aclose()
+    await assert_clean(*clients, survivor)

@@ -1,34 +1,95 @@
--- Shared snippet of the plain lock's scripts: targeted wake-ups across Clients.
+-- Shared snippet of the plain lock's scripts: targeted wake-ups and grants
+-- across Clients (pub/sub mode).
 --
--- <lock key>:wq is a zset of the Clients (by id) whose task waits for the lock
--- in pub/sub mode, each scored by when its entry lapses (ms, server clock):
--- the holder's TTL when it last failed plus the Client's lease, so an entry
--- outlives the waiter's next try by one lease and a dead Client's entry goes
--- by itself. A Client's waiter listens on its own channel <lock key>:w:<id>.
--- A release pops the entry that lapses first (roughly: the Client that has
--- waited longest) and sends "1" to that Client alone; a Client whose try then
--- fails registers again. So one release wakes one Client, not all of them.
+-- <lock key>:wq is a zset of the tasks that wait for the lock, at most one
+-- per Client (the Client's other tasks queue locally behind it). Member:
+--   "<owner>|<attempt>|<grant_ms>"
+--     owner     "<client id>:<task serial>" of the waiting task
+--     attempt   id of its acquisition attempt (unique per Client)
+--     grant_ms  how long a lock granted to it lasts before its Client takes
+--               it up (its Client's lease); "0": never granted, only woken
+--               (a task that asked for a fixed lease)
+-- Score: when the entry lapses (ms, server clock): the holder's TTL at the
+-- task's last try plus its Client's lease, so an entry outlives the task's
+-- next try by one lease and a dead Client's entry goes by itself.
+--
+-- When the lock becomes free (release, force release, a waiter leaving), the
+-- entry that lapses first (roughly: the task that has waited longest) is
+-- popped, and on that Client's own channel <lock key>:w:<client id>:
+--   * grant_ms > 0: the lock is granted to that task in the same script (hash
+--     {owner: 1, "~fence": token, "~a": attempt}, TTL grant_ms, GRANT_RESERVE
+--     tokens reserved) and "g <token> <reserve> <member>" is published: the
+--     task takes the hold without a round trip. A Client whose task has
+--     given up meanwhile hands the grant to its next task (acquire.lua with
+--     prev = member) or releases it (unwait.lua).
+--   * grant_ms = 0: "1" is published; the task tries again.
+-- A Client that does not listen on its channel (PUBLISH reaches nobody:
+-- dead, or not subscribed yet, in which case its next try is on its way) is
+-- skipped, and the next entry is taken.
 
 --@include _clock.lua
+--@include _fence.lua
 
--- Register Client `wid` as waiting: its next try comes within `pttl` ms.
-local function wake_register(wq, wid, pttl, live_ms)
+-- Tokens a grant reserves for its Client's local handoffs (its TOKEN_RESERVE).
+local GRANT_RESERVE = 16
+
+-- Register `member` as waiting; its next try comes within `pttl` ms.
+local function wake_register(wq, member, pttl, live_ms)
     local ms = math.max(pttl, 0) + live_ms
-    redis.call('ZADD', wq, clock_ms() + ms, wid)
+    redis.call('ZADD', wq, clock_ms() + ms, member)
     if redis.call('PTTL', wq) < ms then
         redis.call('PEXPIRE', wq, ms)
     end
 end
 
--- Wake the next registered Client of the lock `lock`, if any.
-local function wake_next(lock, wq)
+-- owner, attempt, grant_ms of a member (nil if it is not one)
+local function wake_parse(member)
+    return string.match(member, '^(%x+:%d+)|(%d+)|(%d+)$')
+end
+
+-- Whether `lock` is a grant to `member` that nobody has taken up in Redis.
+local function wake_granted(lock, member)
+    local owner, attempt = wake_parse(member)
+    return owner ~= nil and redis.call('HEXISTS', lock, owner) == 1
+        and redis.call('HGET', lock, '~a') == attempt
+end
+
+-- The lock `lock` is free: grant it to (or wake) the next registered task.
+-- `untargeted`: tasks that are not in the waiting set wait too (the freed
+-- hash had "~n", see acquire.lua); a granted hash carries the flag on, so
+-- its release wakes them. Returns true if the lock was granted.
+local function wake_next(lock, fence, wq, retention_ms, untargeted)
     if redis.call('EXISTS', wq) == 0 then
-        return
+        return false
     end
     redis.call('ZREMRANGEBYSCORE', wq, '-inf', clock_ms())
-    local first = redis.call('ZRANGE', wq, 0, 0)
-    if first[1] then
-        redis.call('ZREM', wq, first[1])
-        redis.call('PUBLISH', lock .. ':w:' .. first[1], '1')
+    while true do
+        local member = redis.call('ZRANGE', wq, 0, 0)[1]
+        if not member then
+            return false
+        end
+        redis.call('ZREM', wq, member)
+        local owner, attempt, grant_ms = wake_parse(member)
+        if owner then
+            local channel = lock .. ':w:' .. string.match(owner, '^%x+')
+            if grant_ms == '0' then
+                if redis.call('PUBLISH', channel, '1') > 0 then
+                    return false
+                end
+            else
+                local token = next_token(fence, retention_ms, GRANT_RESERVE)
+                local message = string.format('g %d %d %s', token, GRANT_RESERVE, member)
+                if redis.call('PUBLISH', channel, message) > 0 then
+                    redis.call('HSET', lock, owner, 1, '~fence', string.format('%d', token), '~a', attempt)
+                    if untargeted then
+                        redis.call('HSET', lock, '~n', 1, '~w', 1)
+                    elseif redis.call('EXISTS', wq) == 1 then
+                        redis.call('HSET', lock, '~w', 1)
+                    end
+                    redis.call('PEXPIRE', lock, grant_ms)
+                    return true
+                end
+            end
+        end
     end
 end

@@ -19,11 +19,11 @@
 --
 -- Returns {1, token} when the lock was handed over: next_owner holds it with a
 --   new fencing token, nobody is woken (the lock stayed held).
--- Returns {2} when it was released as release.lua would (deleted, waiters woken).
+-- Returns {2} when it was released as release.lua would (granted to the next
+--   registered waiter of another Client, or deleted and waiters woken).
 -- Returns {0} when the owner no longer held it (expired or force-released).
 -- Either way (1 or 2) the fence hash records the token as released, so a
 -- retried plain release of the same hold answers 2 ("already released").
---@include _fence.lua
 --@include _notify.lua
 --@include _wake.lua
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 or redis.call('HGET', KEYS[1], '~fence') ~= ARGV[2] then
@@ -31,14 +31,16 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 or redis.call('HGET', KEYS[1], '
 end
 redis.call('HSET', KEYS[2], 'r', ARGV[2])
 if ARGV[6] == '1' and redis.call('HEXISTS', KEYS[1], '~w') == 1 then
+    local untargeted = redis.call('HEXISTS', KEYS[1], '~n') == 1
     redis.call('DEL', KEYS[1])
     redis.call('PEXPIRE', KEYS[2], ARGV[5])
-    notify(ARGV[7], KEYS[3], '1', 1)
-    wake_next(KEYS[1], KEYS[4])
+    if not wake_next(KEYS[1], KEYS[2], KEYS[4], ARGV[5], untargeted) and untargeted then
+        notify(ARGV[7], KEYS[3], '1', 1)
+    end
     return {2}
 end
 local token = next_token(KEYS[2], ARGV[5], ARGV[8])
-redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[1], ARGV[1], '~a') -- the handed hold is no acquire attempt's
 redis.call('HSET', KEYS[1], ARGV[3], 1, '~fence', string.format('%d', token))
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return {1, token}

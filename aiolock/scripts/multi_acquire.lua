@@ -13,6 +13,8 @@
 --   counter; a retry of the same attempt keeps the tokens: idempotent).
 -- Returns {0, i, pttl} when lock i is held by another owner: nothing was
 --   taken; pttl is its remaining TTL in ms (-1 without TTL), the wait hint.
+--   Lock i is flagged as waited for by a task that is not registered for a
+--   targeted wake-up ("~w", "~n": see acquire.lua), so its release notifies.
 -- In Redis Cluster all names must share a slot (one hash tag); the client
 -- only sends this script for locks of one standalone server.
 --@include _fence.lua
@@ -20,6 +22,7 @@ local n = #KEYS / 2
 for i = 1, n do
     local key = KEYS[2 * i - 1]
     if redis.call('EXISTS', key) == 1 and redis.call('HEXISTS', key, ARGV[1]) == 0 then
+        redis.call('HSET', key, '~w', 1, '~n', 1)
         return {0, i, redis.call('PTTL', key)}
     end
 end

@@ -7,12 +7,14 @@
 -- ARGV[1]  owner        "<client id>:<task serial>"
 -- ARGV[2]  token        fencing token of the hold, or "" for "whatever hold this owner has"
 --                       (used to undo an acquire whose reply was lost)
--- ARGV[3]  channel      pub/sub channel of the lock; "1" (wake one) is sent on release
---                       for waiters that are not registered (a multi-lock's); a
---                       registered Client is woken on its own channel
+-- ARGV[3]  channel      pub/sub channel of the lock: "1" (wake one) is sent on it and
+--                       pushed onto the signal list when the lock ends free and a
+--                       waiter that is not registered flagged it ("~n": list and
+--                       poll modes, spin and multi-locks)
 -- ARGV[4]  retention_ms TTL of the fence hash
 --
--- Returns 1 if this call released the hold (the lock hash is deleted).
+-- Returns 1 if this call released the hold: the lock is granted to the next
+--   registered waiter, if any (see _wake.lua), and is deleted otherwise.
 -- Returns 2 if the hold was already released by an earlier call with the same
 --   owner and token (a retry after a lost reply): nothing changes.
 -- Returns 0 if the owner does not hold the lock (expired, force-released, or
@@ -26,14 +28,16 @@ if holder and token ~= '' and redis.call('HGET', KEYS[1], '~fence') ~= token the
 end
 if holder then
     token = redis.call('HGET', KEYS[1], '~fence')
+    local untargeted = redis.call('HEXISTS', KEYS[1], '~n') == 1
     redis.call('DEL', KEYS[1])
     redis.call('HSET', KEYS[2], 'r', token)
     if tonumber(redis.call('HGET', KEYS[2], 't') or '0') < tonumber(token) then
         redis.call('HSET', KEYS[2], 't', token)
     end
     redis.call('PEXPIRE', KEYS[2], ARGV[4])
-    notify(ARGV[3], KEYS[3], '1', 1)
-    wake_next(KEYS[1], KEYS[4])
+    if not wake_next(KEYS[1], KEYS[2], KEYS[4], ARGV[4], untargeted) and untargeted then
+        notify(ARGV[3], KEYS[3], '1', 1)
+    end
     return 1
 end
 if token ~= '' and redis.call('HGET', KEYS[2], 'r') == token then
