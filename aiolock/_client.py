@@ -22,14 +22,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._connection import CommandConnection
+from ._connection import CommandConnection, Orphan
 from ._errors import (
     ClientClosedError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     WrongEventLoopError,
 )
-from ._futures import retrieve
+from ._futures import Outcome, retrieve
 from ._lease import Hold, Lease, LostCallback, call_lost_callback
 from ._listener import Listener
 from ._lock import AsyncLock
@@ -383,6 +383,24 @@ class Client:
         script = self._scripts[name]
         return self._mux.submit(b"EVALSHA", script.sha, len(keys), *keys, *args)
 
+    def _send_script(
+        self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...], callback: Orphan
+    ) -> None:
+        """Send a script; ``callback(reply, error)`` runs from the reply's parse.
+
+        It must not raise: an exception is logged, and the callback is given
+        no second call. (A NOSCRIPT error is passed on like any other.)
+        """
+        script = self._scripts[name]
+
+        def guarded(reply: Any, error: BaseException | None) -> None:
+            try:
+                callback(reply, error)
+            except Exception:
+                log.exception("aiolock: reply handler of %r failed", name)
+
+        self._mux.send(b"EVALSHA", script.sha, len(keys), *keys, *args, callback=guarded)
+
     async def _eval(
         self,
         name: str,
@@ -450,20 +468,19 @@ class Client:
 
         The release completes even if nobody awaits the future any more.
         """
-        loop = asyncio.get_running_loop()
-        outcome: asyncio.Future[int] = loop.create_future()
+        outcome = Outcome(loop=asyncio.get_running_loop())
         outcome.add_done_callback(retrieve)
         hold.releasing = outcome
         script, keys, args = hold.release_script, hold.release_keys, hold.release_args
-        reply = self._submit_script(script, keys, args)
 
-        def done(reply: asyncio.Future[Any]) -> None:
-            if reply.cancelled() or reply.exception() is not None:
+        def done(reply: Any, error: BaseException | None) -> None:
+            # Straight from the reply's parse: the caller wakes on the next turn.
+            if error is not None:
                 self._spawn(self._release_slowly(hold, outcome, script, keys, args))
             else:
-                self._release_finished(hold, outcome, int(reply.result()))
+                self._release_finished(hold, outcome, int(reply))
 
-        reply.add_done_callback(done)
+        self._send_script(script, keys, args, done)
         return outcome
 
     async def _release_slowly(

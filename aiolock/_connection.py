@@ -68,10 +68,13 @@ class CommandConnection:
         self._on_connect = on_connect
         self._conn: AbstractConnection | None = None
         self._writer: asyncio.StreamWriter | None = None
-        # Futures of commands on the wire, in send order, with their orphan handlers.
-        self._pending: deque[tuple[asyncio.Future[Any], Orphan | None]] = deque()
+        # Futures of commands on the wire, in send order, with their orphan
+        # handlers; or (None, callback) for a command sent with send().
+        self._pending: deque[tuple[asyncio.Future[Any] | None, Orphan | None]] = deque()
         # Commands submitted while (re)connecting, sent once connected.
-        self._backlog: list[tuple[tuple[Any, ...], asyncio.Future[Any], Orphan | None]] = []
+        self._backlog: list[tuple[tuple[Any, ...], asyncio.Future[Any] | None, Orphan | None]] = []
+        # Resolved when nothing is pending any more (see drain()).
+        self._idle: asyncio.Future[None] | None = None
         self._connect_task: asyncio.Task[None] | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._replies = 0
@@ -107,6 +110,22 @@ class CommandConnection:
         self._queued(fut, orphan)
         return fut
 
+    def send(self, *args: Any, callback: Orphan) -> None:
+        """Send a command now (or as soon as connected); ``callback(reply, error)``
+        is called exactly once, from the reply's parse (no loop turn in between)
+        or with the error that failed it. The callback must not raise."""
+        if self._closed:
+            callback(None, RedisConnectionError("aiolock command connection is closed"))
+            return
+        if self._writer is None:
+            self._backlog.append((args, None, callback))
+            if self._connect_task is None:
+                loop = asyncio.get_running_loop()
+                self._connect_task = loop.create_task(self._connect(), name="aiolock-connect")
+            return
+        self._write(args)
+        self._queued(None, callback)
+
     def _write(self, args: tuple[Any, ...]) -> None:
         if self._protocol is not None:
             self._protocol.transport.write(pack(args))
@@ -127,7 +146,7 @@ class CommandConnection:
                 orphan(None if exc is not None else fut.result(), exc)
             raise
 
-    def _queued(self, fut: asyncio.Future[Any], orphan: Orphan | None) -> None:
+    def _queued(self, fut: asyncio.Future[Any] | None, orphan: Orphan | None) -> None:
         self._pending.append((fut, orphan))
         if self._timer is None:
             self._arm_timer()
@@ -203,7 +222,7 @@ class CommandConnection:
             self._queued(unawaited, _ignore)
         backlog, self._backlog = self._backlog, []
         for args, fut, orphan in backlog:
-            if fut.cancelled():
+            if fut is not None and fut.cancelled():
                 continue  # its caller gave up before it was ever sent
             self._write(args)
             self._queued(fut, orphan)
@@ -212,7 +231,12 @@ class CommandConnection:
         """Hand one reply to the oldest pending command."""
         self._replies += 1
         fut, orphan = self._pending.popleft()
-        if fut.cancelled():
+        if not self._pending and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+        if fut is None:
+            assert orphan is not None
+            orphan(reply, error)
+        elif fut.cancelled():
             if orphan is not None:
                 orphan(reply, error)
         elif error is not None:
@@ -253,6 +277,8 @@ class CommandConnection:
             self._timer.cancel()
             self._timer = None
         pending, self._pending = self._pending, deque()
+        if self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
         for fut, orphan in pending:
             _fail(fut, orphan, error)
         reader = self._reader_task
@@ -269,9 +295,15 @@ class CommandConnection:
 
     async def drain(self, seconds: float) -> None:
         """Wait until every command submitted so far is answered, at most ``seconds``."""
-        futures = [fut for fut, _ in self._pending] + [fut for _, fut, _ in self._backlog]
-        if futures:
-            await asyncio.wait(futures, timeout=seconds)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while (self._pending or self._backlog) and loop.time() < deadline:
+            if self._idle is None or self._idle.done():
+                self._idle = loop.create_future()
+            if not self._pending:  # only a backlog: it is sent once connected
+                await asyncio.sleep(0.01)
+                continue
+            await asyncio.wait([self._idle], timeout=deadline - loop.time())
 
     async def aclose(self) -> None:
         self._closed = True
@@ -296,8 +328,8 @@ def _ignore(reply: Any, error: BaseException | None) -> None:
     return None
 
 
-def _fail(fut: asyncio.Future[Any], orphan: Orphan | None, error: BaseException) -> None:
-    if fut.cancelled():
+def _fail(fut: asyncio.Future[Any] | None, orphan: Orphan | None, error: BaseException) -> None:
+    if fut is None or fut.cancelled():
         if orphan is not None:
             orphan(None, error)
     elif not fut.done():

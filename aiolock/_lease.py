@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._errors import LockNotOwnedError
+from ._futures import Outcome
 from ._validate import check_seconds
 
 if TYPE_CHECKING:
@@ -231,7 +232,11 @@ class Lease:
         """
         outcome = self._begin_release()
         if outcome is not None:
-            self._check_outcome(await asyncio.shield(outcome))
+            # Shielded: a cancelled caller does not stop the release.
+            if isinstance(outcome, Outcome):
+                self._check_outcome(await outcome.wait())
+            else:
+                self._check_outcome(await asyncio.shield(outcome))
 
     def _begin_release(self) -> asyncio.Future[int] | None:
         """Start the release without awaiting: the I/O, if any, is under way on

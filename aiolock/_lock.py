@@ -11,7 +11,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from ._errors import ClientClosedError, LockTimeoutError
-from ._futures import expire, retrieve
+from ._futures import Outcome, expire, retrieve
 from ._lease import Hold, Lease
 from ._notify import PubSubWaiter
 from ._primitive import SingleHolder, _Entry, compete, current_task, ttl_hint
@@ -194,7 +194,7 @@ class LocalQueue:
             and self.handoffs < COHORT_BOUND
         ):
             return self._pass_locally(hold, turn, loop)
-        outcome: asyncio.Future[int] = loop.create_future()
+        outcome = Outcome(loop=loop)
         outcome.add_done_callback(retrieve)
         hold.releasing = outcome
         next_owner = client.owner(turn.task)
@@ -211,13 +211,11 @@ class LocalQueue:
             TOKEN_RESERVE,
         )
         checked_others = args[5] == "1"
-        reply = client._submit_script("handoff", lock._release_keys(), args)
 
-        def done(reply: asyncio.Future[Any]) -> None:
-            if reply.cancelled() or reply.exception() is not None:
+        def done(result: Any, error: BaseException | None) -> None:
+            if error is not None:
                 client._spawn(self._handoff_failed(hold, outcome, next_owner))
                 return
-            result = reply.result()
             code = int(result[0])
             if code == 1:
                 if checked_others:
@@ -228,7 +226,7 @@ class LocalQueue:
                     self.yield_next = True
                 client._release_finished(hold, outcome, code)
 
-        reply.add_done_callback(done)
+        client._send_script("handoff", lock._release_keys(), args, done)
         return outcome
 
     def _pass_locally(

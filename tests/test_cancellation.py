@@ -104,6 +104,22 @@ async def test_cancelled_release_still_completes(client: Client, server: RedisSe
     await lease.release()  # a retry after the cancelled call: idempotent, no error
 
 
+async def test_a_cancelled_release_does_not_cancel_another_caller_waiting_for_it(
+    client: Client, server: RedisServer
+) -> None:
+    """Two tasks wait for the same release; cancelling one leaves the other's
+    wait, and the release itself, untouched."""
+    lease = await client.lock("rel").acquire()
+    first = asyncio.create_task(lease.release())
+    second = asyncio.create_task(lease.release())
+    await asyncio.sleep(0)  # both wait for the one release on the wire
+    first.cancel()
+    await asyncio.wait_for(second, 10)  # returns normally
+    assert first.cancelled()
+    assert server.execute("EXISTS", "c:{rel}") == 0
+    await assert_clean(client)
+
+
 async def test_acquire_inside_asyncio_timeout(client: Client, other: Client) -> None:
     held = await other.lock("to").acquire()
     with pytest.raises(TimeoutError):
