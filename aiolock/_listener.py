@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 from redis.asyncio.connection import AbstractConnection
 
-from ._connection import ConnectionFactory, writer_of
+from ._connection import ConnectionFactory, pack, writer_of
 from ._errors import ClientClosedError
 from ._futures import expire
 
@@ -231,6 +231,11 @@ class Listener:
         # Replies still due per channel, in send order: True = subscribe.
         self._expect: dict[bytes, deque[bool]] = {}
         self._conn: AbstractConnection | None = None
+        # (Un)subscriptions of this loop iteration, sent together at its end
+        # (100,000 waiters cancelled at once unsubscribe 1,000 channels in one
+        # command): [command, names] in order, for the connection in _batch_conn.
+        self._batch: list[tuple[bytes, list[bytes]]] = []
+        self._batch_conn: AbstractConnection | None = None
         self._wanted = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -309,13 +314,31 @@ class Listener:
     # -- the connection ----------------------------------------------------------
 
     def _send(self, command: bytes, names: list[bytes]) -> None:
+        """(Un)subscribe ``names`` at the end of this loop iteration."""
         conn = self._conn
         if conn is None:
-            return  # (re)connecting: _resubscribe() sends the whole set
+            return  # (re)connecting: the session subscribes the whole set
         for name in names:
             self._expect.setdefault(name, deque()).append(command == b"SUBSCRIBE")
+        batch = self._batch
+        if batch and self._batch_conn is conn:
+            if batch[-1][0] == command:
+                batch[-1][1].extend(names)  # consecutive: merged, order kept
+            else:
+                batch.append((command, list(names)))
+            return
+        self._batch = [(command, list(names))]
+        self._batch_conn = conn
+        asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        batch, self._batch = self._batch, []
+        conn, self._batch_conn = self._batch_conn, None
+        if conn is None or conn is not self._conn:
+            return  # the connection went: the next session subscribes the whole set
         try:
-            writer_of(conn).writelines(conn.pack_command(command, *names))
+            transport = writer_of(conn).transport
+            transport.write(b"".join(pack((command, *names)) for command, names in batch))
         except Exception:
             self._abort()
 
