@@ -272,6 +272,16 @@ class Client:
         self._started = True
         return loop
 
+    def _enter_task(self) -> asyncio.Task[Any]:
+        """``_enter()`` for a call that needs its task: one lookup serves both
+        (each asyncio lookup of the running loop costs a getpid() system call)."""
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("aiolock must be used from inside an asyncio task")
+        if self._loop is not task.get_loop() or self._closed:
+            self._enter()
+        return task
+
     def _check_usable(self) -> None:
         if self._loop is not None and asyncio.get_running_loop() is not self._loop:
             raise WrongEventLoopError(
@@ -468,7 +478,7 @@ class Client:
 
         The release completes even if nobody awaits the future any more.
         """
-        outcome = Outcome(loop=asyncio.get_running_loop())
+        outcome = Outcome(loop=self._loop)
         outcome.add_done_callback(retrieve)
         hold.releasing = outcome
         script, keys, args = hold.release_script, hold.release_keys, hold.release_args

@@ -82,6 +82,7 @@ class CommandConnection:
         self._closed = False
         self._closers: set[asyncio.Task[None]] = set()
         self._protocol: _ReplyProtocol | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it runs on
         self.connects = 0
 
     # -- submitting -----------------------------------------------------------
@@ -96,7 +97,9 @@ class CommandConnection:
         If the future is cancelled before the reply arrives, ``orphan`` is
         called exactly once with ``(reply, None)`` or ``(None, error)``.
         """
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         if self._closed:
             fut.set_exception(RedisConnectionError("aiolock command connection is closed"))

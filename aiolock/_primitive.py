@@ -134,7 +134,7 @@ async def compete(
     hears every wake-up sent after that try ran, so a failed first try parks
     at once, without the confirming retry a new subscription needs.
     """
-    loop = asyncio.get_running_loop()
+    loop = client._loop or asyncio.get_running_loop()
     registration: Waiter | None = warm() if warm is not None else None
     is_parked = False
     failures = 0

@@ -21,14 +21,13 @@
 --   taken by another owner since): nothing changes.
 --@include _notify.lua
 --@include _wake.lua
-local holder = redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
+-- One read of the hash: the owner's entry, the hold's token, the flag.
+local hold = redis.call('HMGET', KEYS[1], ARGV[1], '~fence', '~n')
 local token = ARGV[2]
-if holder and token ~= '' and redis.call('HGET', KEYS[1], '~fence') ~= token then
-    holder = false
-end
+local holder = hold[1] ~= false and (token == '' or hold[2] == token)
 if holder then
-    token = redis.call('HGET', KEYS[1], '~fence')
-    local untargeted = redis.call('HEXISTS', KEYS[1], '~n') == 1
+    token = hold[2]
+    local untargeted = hold[3] ~= false
     redis.call('DEL', KEYS[1])
     redis.call('HSET', KEYS[2], 'r', token)
     if tonumber(redis.call('HGET', KEYS[2], 't') or '0') < tonumber(token) then
