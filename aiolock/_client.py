@@ -29,7 +29,7 @@ from ._errors import (
     InvalidArgumentTypeError,
     WrongEventLoopError,
 )
-from ._futures import Outcome, retrieve
+from ._futures import Outcome
 from ._lease import Hold, Lease, LostCallback, call_lost_callback
 from ._listener import Listener
 from ._lock import AsyncLock
@@ -479,7 +479,6 @@ class Client:
         The release completes even if nobody awaits the future any more.
         """
         outcome = Outcome(loop=self._loop)
-        outcome.add_done_callback(retrieve)
         hold.releasing = outcome
         script, keys, args = hold.release_script, hold.release_keys, hold.release_args
 

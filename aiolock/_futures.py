@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Outcome", "expire", "retrieve"]
@@ -27,10 +28,13 @@ class Outcome(asyncio.Future[int]):
     ``wait()`` is ``asyncio.shield`` made cheaper: the caller's own future is
     resolved in the same call that resolves the outcome (often straight from
     the reply's parse), not one loop turn later; cancelling the caller
-    cancels only its own future, so the release still completes.
+    cancels only its own future, so the release still completes. Hooks given
+    to ``settled()`` run in that call too (no loop turn, no Handle). An
+    exception is marked as retrieved: the release reports it to its callers.
     """
 
     _mirrors: list[asyncio.Future[int]] | None = None
+    _hooks: list[Callable[[Outcome], None]] | None = None
 
     def wait(self) -> asyncio.Future[int]:
         if self.done():
@@ -41,14 +45,32 @@ class Outcome(asyncio.Future[int]):
         self._mirrors.append(mirror)
         return mirror
 
+    def settled(self, hook: Callable[[Outcome], None]) -> None:
+        """Call ``hook(self)`` once the outcome is known (at once if it is)."""
+        if self.done():
+            hook(self)
+            return
+        if self._hooks is None:
+            self._hooks = []
+        self._hooks.append(hook)
+
     def set_result(self, result: int, /) -> None:
         super().set_result(result)
         for mirror in self._mirrors or ():
             if not mirror.done():
                 mirror.set_result(result)
+        self._run_hooks()
 
     def set_exception(self, exception: type | BaseException, /) -> None:
         super().set_exception(exception)
+        error = super().exception()  # (retrieved: its callers get it)
+        assert error is not None
         for mirror in self._mirrors or ():
             if not mirror.done():
-                mirror.set_exception(exception)
+                mirror.set_exception(error)
+        self._run_hooks()
+
+    def _run_hooks(self) -> None:
+        hooks, self._hooks = self._hooks, None
+        for hook in hooks or ():
+            hook(self)

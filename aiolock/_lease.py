@@ -257,7 +257,10 @@ class Lease:
         if outcome is None:
             start = hold.on_release or hold.client._release_hold
             outcome = start(hold)
-            outcome.add_done_callback(self._released_in_redis)
+            if isinstance(outcome, Outcome):
+                outcome.settled(self._released_in_redis)
+            else:
+                outcome.add_done_callback(self._released_in_redis)
         return outcome
 
     def _released_in_redis(self, outcome: asyncio.Future[int]) -> None:

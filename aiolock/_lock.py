@@ -11,7 +11,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from ._errors import ClientClosedError, LockTimeoutError
-from ._futures import Outcome, expire, retrieve
+from ._futures import Outcome, expire
 from ._lease import Hold, Lease
 from ._notify import PubSubWaiter
 from ._primitive import SingleHolder, _Entry, compete, ttl_hint
@@ -220,7 +220,6 @@ class LocalQueue:
         ):
             return self._pass_locally(hold, turn, loop)
         outcome = Outcome(loop=loop)
-        outcome.add_done_callback(retrieve)
         hold.releasing = outcome
         next_owner = client.owner(turn.task)
         next_lease = client.lease if turn.lease is None else turn.lease
@@ -276,7 +275,7 @@ class LocalQueue:
         new.reserve = hold.reserve - 1
         _take(self.queue, turn)
         turn.fut.set_result(new)
-        done: asyncio.Future[int] = loop.create_future()
+        done = Outcome(loop=loop)
         done.set_result(1)
         return done
 
