@@ -260,3 +260,30 @@ def test_channel_waiters_that_give_up_leave_in_constant_time() -> None:
         assert channel.parked == 0
 
     asyncio.run(main())
+
+
+async def test_waiters_cancelled_together_unsubscribe_in_one_command(
+    client: Client, other: Client, server: RedisServer
+) -> None:
+    """20 tasks waiting on 20 names are cancelled at once: their Client leaves
+    all 20 channels with one UNSUBSCRIBE, not 20."""
+    names = [f"batch{i}" for i in range(20)]
+    channels = [f"c:{{{name}}}:w:{client.id}" for name in names]
+
+    def subscribers() -> list[int]:
+        return list(server.execute("PUBSUB", "NUMSUB", *channels)[1::2])
+
+    held = [await other.lock(name).acquire() for name in names]
+    tasks = [asyncio.create_task(client.lock(name).acquire()) for name in names]
+    await eventually(lambda: subscribers() == [1] * 20, what="20 channels subscribed")
+    await eventually(lambda: client.statistics().waiting == 20, what="20 waiters")
+    before = server.info("commandstats").get("cmdstat_unsubscribe", {}).get("calls", 0)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await eventually(lambda: subscribers() == [0] * 20, what="every channel left")
+    calls = server.info("commandstats").get("cmdstat_unsubscribe", {}).get("calls", 0)
+    assert calls - before == 1, "one UNSUBSCRIBE for every channel"
+    for lease in held:
+        await lease.release()
+    await assert_clean(client, other)
