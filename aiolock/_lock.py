@@ -454,7 +454,15 @@ class AsyncLock(SingleHolder):
       every token issued before for this name.
     """
 
-    __slots__ = ("_entry_map", "_fence_key", "_wait_channel", "_wq_key")
+    __slots__ = (
+        "_acquire_keys",
+        "_entry_map",
+        "_fence_key",
+        "_keys",
+        "_wait_channel",
+        "_what",
+        "_wq_key",
+    )
 
     #: The acquire script; the spin lock shares everything but the waiting.
     _acquire_script = "acquire"
@@ -468,6 +476,10 @@ class AsyncLock(SingleHolder):
         self._wq_key = f"{self._key}:wq"
         self._wait_channel = f"{self._key}:w:{client.id}".encode()
         self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
+        # Built once: every acquisition of this object sends them.
+        self._acquire_keys = (self._key, self._fence_key, self._wq_key)
+        self._keys = (self._key, self._fence_key, self._signal, self._wq_key)
+        self._what = f"lock {self.name!r}"
 
     def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
         return self._entry_map
@@ -522,7 +534,7 @@ class AsyncLock(SingleHolder):
         return hold.new_lease()
 
     def _release_keys(self) -> tuple[str, str, str, str]:
-        return (self._key, self._fence_key, self._signal, self._wq_key)
+        return self._keys
 
     async def _compete(
         self,
@@ -535,7 +547,7 @@ class AsyncLock(SingleHolder):
         client = self._client
         owner = client.owner(task)
         lease_s = client.lease if lease is None else lease
-        keys = (self._key, self._fence_key, self._wq_key)
+        keys = self._acquire_keys
         attempt_id = client._attempt_id()
         base = (owner, to_ms(lease_s), client._retention_ms, TOKEN_RESERVE, attempt_id)
         targeted = self._targeted and client.notify == "pubsub"
@@ -543,7 +555,7 @@ class AsyncLock(SingleHolder):
         # to it by a release (for one Client lease, renewed as any other); a
         # fixed lease is only woken (see scripts/_wake.lua).
         member = f"{owner}|{attempt_id}|{client._lease_ms if lease is None else 0}"
-        undo = functools.partial(_undo_acquire, client, self._release_keys(), owner, self._channel)
+        undo = functools.partial(_undo_acquire, client, self._keys, owner, self._channel)
         script = self._acquire_script
         granted: tuple[int, int, float] | None = None
 
@@ -567,7 +579,7 @@ class AsyncLock(SingleHolder):
 
         token, sent = await compete(
             client,
-            what=f"lock {self.name!r}",
+            what=self._what,
             deadline=deadline,
             attempt=attempt,
             waiter=self._targeted_waiter if targeted else self._waiter,
@@ -639,11 +651,7 @@ class AsyncLock(SingleHolder):
                 redis_identity.renew_args,
             )
         else:
-            release = (
-                "release",
-                self._release_keys(),
-                (owner, token, self._channel, client._retention_ms),
-            )
+            release = ("release", self._keys, (owner, token, self._channel, client._retention_ms))
             renew = ("renew", self._key, (owner, token))
         hold = Hold(
             client,
