@@ -24,7 +24,7 @@ import pytest
 from aiolock import Client, ClientClosedError, Lease
 from aiolock._notify import ListWaiter
 from tests.core_util import assert_clean, evalsha_calls, eventually
-from tests.servers import RedisServer
+from tests.servers import RedisServer, TcpProxy
 
 PREFIX = "wk"
 # Long leases: a waiter's own bound (the holder's TTL) is then far longer
@@ -358,3 +358,39 @@ async def test_a_dead_waiting_client_is_skipped(
     assert server.execute("EXISTS", f"{PREFIX}:{{n}}") == 0
     await survivor.aclose()
     await assert_clean(*clients, survivor)
+
+
+async def test_a_grant_lost_with_its_connection_is_taken_up_after_reconnecting(
+    proxy: TcpProxy, server: RedisServer, url: str
+) -> None:
+    """Redis grants the lock to a waiter whose connections are black-holed, so
+    the grant's message never arrives; the connections are then reset. Once
+    they are back, the waiter's resynchronising try takes the grant up (the
+    same attempt: idempotent), instead of waiting out the 60 s lease."""
+    async with (
+        Client.from_url(url, prefix=PREFIX, lease=LEASE) as holder,
+        Client.from_url(proxy.url, prefix=PREFIX, lease=LEASE) as waiter,
+    ):
+        held = await holder.lock("n").acquire()
+        task = asyncio.create_task(waiter.lock("n").acquire())
+        await eventually(lambda: waiting_set(server, "n") == [waiter.id], what="registered")
+        channel = f"{PREFIX}:{{n}}:w:{waiter.id}"
+        await eventually(
+            lambda: server.execute("PUBSUB", "NUMSUB", channel)[1] == 1, what="it listens"
+        )
+        proxy.blackhole()
+        await held.release()
+        owners = [f for f in server.execute("HKEYS", f"{PREFIX}:{{n}}") if not f.startswith("~")]
+        assert [o.split(":", 1)[0] for o in owners] == [waiter.id], "granted to the waiter"
+        proxy.cut()
+        await asyncio.sleep(0.2)
+        assert not task.done()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        proxy.restore()
+        got = await asyncio.wait_for(task, 30)
+        assert loop.time() - started < 15, "taken up after reconnecting, not after the lease"
+        assert got.fencing_token > held.fencing_token
+        await got.release()
+        assert server.execute("EXISTS", f"{PREFIX}:{{n}}") == 0
+        await assert_clean(holder, waiter)
