@@ -10,6 +10,7 @@ import asyncio
 import random
 import time
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 
 import pytest
 
@@ -157,16 +158,37 @@ def test_channel_keeps_a_permit_for_a_waiter_not_yet_parked() -> None:
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize(
+    ("seed", "modes"),
+    [
+        (1, ("pubsub", "pubsub")),
+        (2, ("pubsub", "pubsub")),
+        (3, ("pubsub", "pubsub", "pubsub")),
+        # Untargeted waiters beside granted ones (the "~n" flag, see _wake.lua).
+        (4, ("pubsub", "list", "poll")),
+    ],
+)
 async def test_random_cancellation_fuzz(
-    client: Client, other: Client, server: RedisServer, seed: int
+    url: str, server: RedisServer, seed: int, modes: tuple[str, ...]
 ) -> None:
-    """Cancel acquires and bodies at random points, thousands of times.
+    """Cancel acquires and bodies at random points, thousands of times, with
+    the Clients waiting in the given notify modes.
 
     Mutual exclusion holds throughout; every delivered cancellation ends its
     task cancelled; afterwards no key, waiter, queue entry, subscription or
     lease is left anywhere.
     """
+    async with AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(
+                Client.from_url(url, prefix="c", lease=5, notify=mode)  # type: ignore[arg-type]
+            )
+            for mode in modes
+        ]
+        await _fuzz(clients, server, seed)
+
+
+async def _fuzz(clients: list[Client], server: RedisServer, seed: int) -> None:
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
     inside = 0
@@ -206,7 +228,7 @@ async def test_random_cancellation_fuzz(
             await lease.release()
 
     for _ in range(250):
-        tasks = [asyncio.create_task(contender(rng.choice((client, other)))) for _ in range(8)]
+        tasks = [asyncio.create_task(contender(rng.choice(clients))) for _ in range(8)]
         requested: dict[asyncio.Task[None], bool] = {}
         for task in tasks:
             if rng.random() < 0.7:
@@ -231,7 +253,7 @@ async def test_random_cancellation_fuzz(
             if requested.get(task):
                 assert task.cancelled(), "a delivered cancellation was swallowed"
     assert acquired > 100 and cancelled > 300, (acquired, cancelled)
-    await assert_clean(client, other)
+    await assert_clean(*clients)
     assert server.execute("EXISTS", "c:{fuzz}") == 0
     # Every waiter that gave up left the waiting set (and released any grant).
     await eventually(lambda: server.execute("EXISTS", "c:{fuzz}:wq") == 0, what="no waiting set")
