@@ -36,10 +36,16 @@ from collections import deque
 from collections.abc import Callable
 
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ._connection import ConnectionFactory, pack, writer_of
 from ._errors import ClientClosedError
-from ._futures import expire
+from ._futures import expire, retrieve
+
+try:  # part of redis[hiredis]; without it, redis-py's parser in the listener task
+    import hiredis
+except ImportError:  # pragma: no cover
+    hiredis = None  # type: ignore[assignment]
 
 __all__ = ["WAKE_ALL", "WAKE_ONE", "Channel", "Listener"]
 
@@ -386,13 +392,21 @@ class Listener:
         self._ping_outstanding = False
         if self._channels:
             self._send(b"SUBSCRIBE", list(self._channels))
-        self._health_handle = asyncio.get_running_loop().call_later(
-            self._health_interval, self._health_check
-        )
+        loop = asyncio.get_running_loop()
+        self._health_handle = loop.call_later(self._health_interval, self._health_check)
         try:
-            while True:
-                reply = await conn.read_response(timeout=math.inf)
-                self._dispatch(reply)
+            if hiredis is not None:
+                # redis-py did the handshake; from here on messages are parsed
+                # as they arrive and dispatched at once: a woken waiter runs on
+                # the next loop turn, with no listener task step in between.
+                ended: asyncio.Future[None] = loop.create_future()
+                ended.add_done_callback(retrieve)  # (it may end after we stopped waiting)
+                writer_of(conn).transport.set_protocol(_PubSubProtocol(self, ended))
+                await ended
+            else:  # pragma: no cover
+                while True:
+                    reply = await conn.read_response(timeout=math.inf)
+                    self._dispatch(reply)
         finally:
             self._health_timer_cancel()
 
@@ -445,3 +459,45 @@ class Listener:
                     channel.wake_all()  # messages may have been missed while away
         elif kind == b"pong":
             self._ping_outstanding = False
+
+
+class _PubSubProtocol(asyncio.Protocol):
+    """Parses the pub/sub connection's replies with hiredis as bytes arrive and
+    hands each to ``Listener._dispatch``; ``ended`` fails when the link does."""
+
+    def __init__(self, listener: Listener, ended: asyncio.Future[None]) -> None:
+        assert hiredis is not None
+        self._listener = listener
+        self._ended = ended
+        self._parser = hiredis.Reader()
+
+    def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        parser.feed(data)
+        while True:
+            try:
+                reply = parser.gets()
+            except Exception as exc:  # a protocol error: the stream is unusable
+                self._end(f"bad reply from Redis: {exc}")
+                self._listener._abort()
+                return
+            if reply is False:
+                return
+            if isinstance(reply, hiredis.ReplyError):
+                log.warning("aiolock listener: Redis answered %s", reply)
+                continue
+            try:
+                self._listener._dispatch(reply)
+            except Exception:
+                log.exception("aiolock listener: dispatching %r failed", reply)
+
+    def eof_received(self) -> bool | None:
+        self._end("Redis closed the pub/sub connection")
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(f"pub/sub connection lost: {exc}" if exc else "pub/sub connection closed")
+
+    def _end(self, reason: str) -> None:
+        if not self._ended.done():
+            self._ended.set_exception(RedisConnectionError(reason))
