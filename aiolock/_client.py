@@ -282,6 +282,11 @@ class Client:
             self._enter()
         return task
 
+    def _loop_time(self) -> float:
+        """The bound loop's clock (no running-loop lookup: see _enter_task)."""
+        loop = self._loop or asyncio.get_running_loop()
+        return loop.time()
+
     def _check_usable(self) -> None:
         if self._loop is not None and asyncio.get_running_loop() is not self._loop:
             raise WrongEventLoopError(

@@ -155,7 +155,9 @@ class LocalQueue:
 
     def gave_up(self, fut: asyncio.Future[bool | Hold]) -> None:
         """The waiting task was cancelled: pass on what may have reached it."""
-        if fut.done() and not fut.cancelled() and fut.exception() is None:
+        if fut.cancelled():
+            return  # cancelled while queued (the common case): nothing reached it
+        if fut.done() and fut.exception() is None:
             result = fut.result()
             if isinstance(result, Hold):
                 # The lock was handed to us, but we will not take it.
@@ -345,7 +347,7 @@ class LocalQueue:
         released by leave(), and the message is stale."""
         try:
             _, token, reserve, member = message.decode().split(" ", 3)
-            grant = (int(token), int(reserve), member, asyncio.get_running_loop().time())
+            grant = (int(token), int(reserve), member, self.client._loop_time())
         except ValueError:
             return
         if member == self.member:
@@ -506,13 +508,10 @@ class AsyncLock(SingleHolder):
             try:
                 got = await fut
             except asyncio.CancelledError:
-                if not fut.cancelled():  # (the common case, cancelled while queued, skips this)
-                    state.gave_up(fut)
+                state.gave_up(fut)
                 raise
             finally:
-                state.live -= 1
-                if timer is not None:
-                    timer.cancel()
+                state.left(timer)
             handed = state.took(got)
             if handed is not None:
                 return handed.new_lease()
