@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+import random
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from aiolock import Client
 
@@ -47,3 +48,51 @@ def evalsha_calls(server: RedisServer) -> int:
     """Script calls the server has run so far (INFO commandstats)."""
     stats = server.info("commandstats")
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def short_delay(rng: random.Random) -> float:
+    """When a fuzz cancels a task: at once, within 3 ms, or at 10 ms."""
+    return rng.choice([0.0, rng.uniform(0, 0.003), 0.01])
+
+
+async def cancel_at_random(
+    rng: random.Random,
+    contender: Callable[[], Coroutine[Any, Any, None]],
+    *,
+    rounds: int,
+    share: float = 0.6,
+    delay: Callable[[random.Random], float] = short_delay,
+    tasks: int = 8,
+) -> int:
+    """The cancellation fuzzes' driver: ``rounds`` rounds of ``tasks``
+    contenders at once, a ``share`` of them cancelled after ``delay(rng)``.
+
+    Checks that every cancellation delivered ended its task cancelled (none
+    swallowed), lets TimeoutError pass, re-raises any other error. Returns
+    how many tasks ended cancelled.
+    """
+    loop = asyncio.get_running_loop()
+    cancelled = 0
+    for _ in range(rounds):
+        running = [asyncio.create_task(contender()) for _ in range(tasks)]
+        requested: dict[asyncio.Task[None], bool] = {}
+        for task in running:
+            if rng.random() < share:
+
+                def cancel(
+                    t: asyncio.Task[None] = task,
+                    requested: dict[asyncio.Task[None], bool] = requested,
+                ) -> None:
+                    requested[t] = t.cancel()
+
+                loop.call_later(delay(rng), cancel)
+        results = await asyncio.gather(*running, return_exceptions=True)
+        await asyncio.sleep(0.012)  # let every scheduled cancel fire
+        for task, result in zip(running, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                cancelled += 1
+            elif isinstance(result, BaseException) and not isinstance(result, TimeoutError):
+                raise result
+            if requested.get(task):
+                assert task.cancelled(), "a delivered cancellation was swallowed"
+    return cancelled

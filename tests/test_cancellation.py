@@ -16,7 +16,7 @@ import pytest
 
 from aiolock import Client, Lease
 from aiolock._listener import Channel
-from tests.core_util import assert_clean, eventually
+from tests.core_util import assert_clean, cancel_at_random, eventually
 from tests.servers import RedisServer
 
 
@@ -190,7 +190,6 @@ async def test_random_cancellation_fuzz(
 
 async def _fuzz(clients: list[Client], server: RedisServer, seed: int) -> None:
     rng = random.Random(seed)
-    loop = asyncio.get_running_loop()
     inside = 0
     acquired = 0
     cancelled = 0
@@ -227,31 +226,13 @@ async def _fuzz(clients: list[Client], server: RedisServer, seed: int) -> None:
             inside -= 1
             await lease.release()
 
-    for _ in range(250):
-        tasks = [asyncio.create_task(contender(rng.choice(clients))) for _ in range(8)]
-        requested: dict[asyncio.Task[None], bool] = {}
-        for task in tasks:
-            if rng.random() < 0.7:
-                delay = rng.choice([0.0, rng.uniform(0, 0.002), rng.uniform(0, 0.01)])
-
-                def cancel(
-                    t: asyncio.Task[None] = task,
-                    requested: dict[asyncio.Task[None], bool] = requested,
-                ) -> None:
-                    requested[t] = t.cancel()
-
-                loop.call_later(delay, cancel)
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.sleep(0.012)  # let every scheduled cancel fire
-        for task, result in zip(tasks, results, strict=True):
-            if isinstance(result, asyncio.CancelledError):
-                cancelled += 1
-            elif isinstance(result, TimeoutError):
-                pass
-            elif isinstance(result, BaseException):
-                raise result
-            if requested.get(task):
-                assert task.cancelled(), "a delivered cancellation was swallowed"
+    cancelled = await cancel_at_random(
+        rng,
+        lambda: contender(rng.choice(clients)),
+        rounds=250,
+        share=0.7,
+        delay=lambda rng: rng.choice([0.0, rng.uniform(0, 0.002), rng.uniform(0, 0.01)]),
+    )
     assert acquired > 100 and cancelled > 300, (acquired, cancelled)
     await assert_clean(*clients)
     assert server.execute("EXISTS", "c:{fuzz}") == 0

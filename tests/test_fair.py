@@ -32,7 +32,7 @@ from aiolock import (
 )
 from aiolock._fair import FairLock
 from aiolock._listener import WAKE_ALL, Channel
-from tests.core_util import assert_clean, eventually
+from tests.core_util import assert_clean, cancel_at_random, eventually
 from tests.servers import RedisServer
 
 PREFIX = "f"
@@ -588,7 +588,6 @@ async def test_random_cancellation_fuzz(clients: list[Client], server: RedisServ
     renewal or key is left (list-mode signal lists expire by themselves).
     """
     rng = random.Random(4)
-    loop = asyncio.get_running_loop()
     inside = 0
     acquired = 0
     cancelled = 0
@@ -619,28 +618,7 @@ async def test_random_cancellation_fuzz(clients: list[Client], server: RedisServ
             inside -= 1
             await lease.release()
 
-    for _ in range(20):
-        tasks = [asyncio.create_task(contender(rng.choice(clients))) for _ in range(8)]
-        requested: dict[asyncio.Task[None], bool] = {}
-        for task in tasks:
-            if rng.random() < 0.6:
-
-                def cancel(
-                    t: asyncio.Task[None] = task,
-                    requested: dict[asyncio.Task[None], bool] = requested,
-                ) -> None:
-                    requested[t] = t.cancel()
-
-                loop.call_later(rng.choice([0.0, rng.uniform(0, 0.003), 0.01]), cancel)
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.sleep(0.012)  # let every scheduled cancel fire
-        for task, result in zip(tasks, results, strict=True):
-            if isinstance(result, asyncio.CancelledError):
-                cancelled += 1
-            elif isinstance(result, BaseException) and not isinstance(result, TimeoutError):
-                raise result
-            if requested.get(task):
-                assert task.cancelled(), "a delivered cancellation was swallowed"
+    cancelled = await cancel_at_random(rng, lambda: contender(rng.choice(clients)), rounds=20)
     assert acquired > 20 and cancelled > 20, (acquired, cancelled)
     await assert_clean(*clients)
     assert server.execute("EXISTS", f"{PREFIX}:{{fuzz}}") == 0

@@ -30,7 +30,7 @@ from aiolock import (
 )
 from aiolock._client import Notify
 from aiolock._rwlock import ReadLock, ReadWriteLock, WriteLock
-from tests.core_util import assert_clean, evalsha_calls, eventually
+from tests.core_util import assert_clean, cancel_at_random, evalsha_calls, eventually
 from tests.servers import RedisServer
 
 T = TypeVar("T")
@@ -664,34 +664,12 @@ async def test_random_cancellation_fuzz(
             leave(write)
             await lease.release()
 
-    cancelled = 0
-    for _ in range(30):
-        tasks = [asyncio.create_task(contender(rng.choice((client, other)))) for _ in range(8)]
-        requested: dict[asyncio.Task[None], bool] = {}
-        loop = asyncio.get_running_loop()
-        for task in tasks:
-            if rng.random() < 0.6:
-
-                def cancel(
-                    t: asyncio.Task[None] = task,
-                    requested: dict[asyncio.Task[None], bool] = requested,
-                ) -> None:
-                    requested[t] = t.cancel()
-
-                loop.call_later(
-                    rng.choice([0.0, rng.uniform(0, 0.002), rng.uniform(0, 0.01)]), cancel
-                )
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.sleep(0.012)  # let every scheduled cancel fire
-        for task, result in zip(tasks, results, strict=True):
-            if isinstance(result, asyncio.CancelledError):
-                cancelled += 1
-            elif isinstance(result, TimeoutError):
-                pass
-            elif isinstance(result, BaseException):
-                raise result
-            if requested.get(task):
-                assert task.cancelled(), "a delivered cancellation was swallowed"
+    cancelled = await cancel_at_random(
+        rng,
+        lambda: contender(rng.choice((client, other))),
+        rounds=30,
+        delay=lambda rng: rng.choice([0.0, rng.uniform(0, 0.002), rng.uniform(0, 0.01)]),
+    )
     assert entered > 20 and cancelled > 30, (entered, cancelled)
     await assert_clean(client, other)
     await eventually(

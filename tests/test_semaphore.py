@@ -23,7 +23,7 @@ from aiolock import (
     LockNotOwnedError,
 )
 from aiolock._semaphore import Permit, Semaphore
-from tests.core_util import assert_clean, eventually
+from tests.core_util import assert_clean, cancel_at_random, eventually
 from tests.servers import RedisServer
 
 NOTIFY = ("pubsub", "list", "poll")
@@ -518,7 +518,6 @@ async def test_random_cancellation_fuzz_leaves_nothing_behind(
 ) -> None:
     n = 3
     rng = random.Random(11)
-    loop = asyncio.get_running_loop()
     in_use = 0
     granted = cancelled = 0
 
@@ -549,28 +548,9 @@ async def test_random_cancellation_fuzz_leaves_nothing_behind(
             in_use -= k
             await permit.release()
 
-    for _ in range(40):
-        tasks = [asyncio.create_task(contender(rng.choice((client, other)))) for _ in range(8)]
-        requested: dict[asyncio.Task[None], bool] = {}
-        for task in tasks:
-            if rng.random() < 0.6:
-
-                def cancel(
-                    t: asyncio.Task[None] = task,
-                    requested: dict[asyncio.Task[None], bool] = requested,
-                ) -> None:
-                    requested[t] = t.cancel()
-
-                loop.call_later(rng.choice([0.0, rng.uniform(0, 0.003), 0.01]), cancel)
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.sleep(0.012)
-        for task, result in zip(tasks, results, strict=True):
-            if isinstance(result, asyncio.CancelledError):
-                cancelled += 1
-            elif isinstance(result, BaseException) and not isinstance(result, TimeoutError):
-                raise result
-            if requested.get(task):
-                assert task.cancelled(), "a delivered cancellation was swallowed"
+    cancelled = await cancel_at_random(
+        rng, lambda: contender(rng.choice((client, other))), rounds=40
+    )
     assert granted > 25 and cancelled > 40, (granted, cancelled)
     await assert_clean(client, other)
     assert_nothing_held(server, "fuzz")
