@@ -298,9 +298,11 @@ class Client:
         """Close the Client. Idempotent. See the class docstring for what happens to holds."""
         if self._closed:
             return
-        self._closed = True
+        # Checked before anything changes: a call from the wrong loop leaves the
+        # Client as it was, so that aclose() from its own loop still does the work.
         if self._loop is not None and asyncio.get_running_loop() is not self._loop:
             raise WrongEventLoopError("close the aiolock Client from the event loop it runs on")
+        self._closed = True
         for state in list(self._states.values()):
             state.close()
         holds = [h for state in list(self._states.values()) for h in state.holds()]
