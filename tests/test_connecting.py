@@ -104,3 +104,19 @@ async def test_tls_url(kind: ServerKind, tmp_path: Path) -> None:
         await exercise(f"rediss://{LOOPBACK}:{tls_port}/0?ssl_cert_reqs=none")
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("kind", ["redis", "valkey"])
+async def test_unix_socket_url_with_password(kind: ServerKind, tmp_path: Path) -> None:
+    """``unix://:password@/path/to/redis.sock?db=0``."""
+    binary = binary_for(kind)
+    if binary is None:
+        pytest.skip(f"no {kind}-server binary")
+    sock = tmp_path / "r.sock"
+    server = ServerProcess(kind, binary, extra_args=("--unixsocket", str(sock)))
+    try:
+        server.start()
+        server.execute("CONFIG", "SET", "requirepass", "s3cret")
+        await exercise(f"unix://:s3cret@{sock}?db=0")
+    finally:
+        server.stop()
