@@ -3,9 +3,10 @@
 General layout
 --------------
 * ``_client``: the Client, one per event loop. It owns the only shared
-  resources: one multiplexed command connection (``_connection``), one
-  pub/sub listener task (``_listener``, also home of the wait queue every
-  primitive parks on), one watchdog task (``_watchdog``) and the Lua scripts
+  resources: one multiplexed command connection (``_connection``) and a
+  second one for the watchdog's renewals, one pub/sub listener task
+  (``_listener``, also home of the wait queue every primitive parks on),
+  one watchdog task (``_watchdog``) and the Lua scripts
   (``_scripts`` and ``scripts/*.lua``, one file per operation).
 * ``_primitive``: what every primitive shares: the try-then-park loop
   (``compete``) and the ``async with`` / decorator protocol.

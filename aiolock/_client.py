@@ -1,9 +1,10 @@
 """The Client: one per event loop, owner of every shared resource.
 
 It owns one multiplexed command connection, the one pub/sub listener task
-(with its own connection), the one watchdog task, the loaded scripts, the
-key prefix and a random 128-bit client id. Primitives are cheap views that
-call into it.
+(with its own connection), the one watchdog task (whose renewals have a
+command connection of their own, so that they never queue behind a burst of
+acquires), the loaded scripts, the key prefix and a random 128-bit client id.
+Primitives are cheap views that call into it.
 """
 
 from __future__ import annotations
@@ -84,8 +85,12 @@ class Client:
     """One Client per event loop: the connection, listener and watchdog of aiolock.
 
     ``Client(redis)`` wraps a ``redis.asyncio.Redis`` you already have (its
-    connection settings are reused for aiolock's own two connections; your
-    client is not closed by ``aclose()``). ``Client.from_url(url)`` makes its own.
+    connection settings are reused for aiolock's own connections; your
+    client is not closed by ``aclose()``). A Client opens three, each when
+    first needed: commands, pub/sub (when a task first waits, in the
+    ``"pubsub"`` notify mode) and the watchdog's renewals; ``notify="list"``
+    adds one per name being waited on.
+    ``Client.from_url(url)`` makes its own Redis client.
 
     * ``prefix``: the first part of every key, ``<prefix>:{<name>}``.
     * ``lease``: the lease time, in seconds, of holds taken without an explicit
@@ -298,9 +303,11 @@ class Client:
         """Close the Client. Idempotent. See the class docstring for what happens to holds."""
         if self._closed:
             return
-        self._closed = True
+        # Checked before anything changes: a call from the wrong loop leaves the
+        # Client as it was, so that aclose() from its own loop still does the work.
         if self._loop is not None and asyncio.get_running_loop() is not self._loop:
             raise WrongEventLoopError("close the aiolock Client from the event loop it runs on")
+        self._closed = True
         for state in list(self._states.values()):
             state.close()
         holds = [h for state in list(self._states.values()) for h in state.holds()]

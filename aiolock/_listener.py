@@ -437,6 +437,10 @@ class Listener:
 
     def _dispatch(self, reply: object) -> None:
         if not isinstance(reply, list) or not reply:
+            # A PING answered outside subscribed mode (no channel left): a
+            # plain +PONG, not the ["pong", ""] of a subscribed connection.
+            if reply == b"PONG":
+                self._ping_outstanding = False
             return
         kind = reply[0]
         if kind == b"message":

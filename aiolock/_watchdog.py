@@ -2,12 +2,14 @@
 
 Every ``lease / 3`` seconds it renews everything registered with it (holds
 taken without an explicit lease, and the queue entries of waiting fair-lock
-tasks), grouped by renewal script, a few hundred keys per script call, all
-calls pipelined on the one command connection. An item whose renewal finds
-it gone is told so at once (a hold is then lost). A renewal that fails
-(connection error, no reply) is retried every ``interval / 4`` until the
-item's known expiry passes, and then it is gone: a lease is never assumed
-alive past the last moment Redis is known to have extended it.
+tasks), grouped by renewal script, up to ``BATCH`` keys per script call, all
+calls pipelined on the Client's renewal connection: its own, so that a
+renewal never waits behind a burst of acquires on the main one. An item
+whose renewal finds it gone is told so at once (a hold is then lost). A
+renewal that fails (connection error, no reply) is retried every
+``interval / 4`` until the item's known expiry passes, and then it is gone:
+a lease is never assumed alive past the last moment Redis is known to have
+extended it.
 
 ``plan_batches`` is a pure function, tested without a server.
 """

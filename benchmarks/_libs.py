@@ -64,7 +64,8 @@ DIRECT: dict[str, frozenset[str]] = {
 
 DESCRIPTION = {
     "aiolock": "this library: `Client.from_url(url)`, `lease = await lock.acquire()`, "
-    "`await lease.release()`; one multiplexed command connection, one pub/sub connection",
+    "`await lease.release()`; one multiplexed command connection, one pub/sub connection, "
+    "and the watchdog's own connection once it renews",
     "redis-py": "`redis.asyncio.lock.Lock` (default `sleep=0.1`), one Lock object per task, "
     "`timeout=30`; pool `max_connections` = tasks + 16",
     "redis-py-10ms": "`redis.asyncio.lock.Lock(sleep=0.01)`, otherwise as redis-py",
