@@ -193,7 +193,8 @@ async def compete(
                     ) from exc.__cause__ or exc
                 if client._closed:
                     raise ClientClosedError("the aiolock Client was closed while waiting") from exc
-                if failures == 1:
+                if failures == 1 and not client._unreachable:
+                    client._unreachable = True  # one warning per outage, not per task
                     log.warning(
                         "aiolock: %s: Redis unreachable (%s); retrying %s",
                         what,
@@ -205,7 +206,9 @@ async def compete(
                     delay = min(delay, max(deadline - now, 0.0))
                 await asyncio.sleep(delay)
                 continue
-            failures = 0
+            if failures:
+                failures = 0
+                client._unreachable = False
             reached = True
             if result is not None:
                 if registration is not None:
@@ -440,13 +443,24 @@ class Acquirable(LockLike[L]):
         lease in seconds with no renewal (None: the watchdog renews it).
         Arguments are checked at the call. (A plain function returning the
         coroutine: one frame less per waiting task.)
+
+        Redis outages: a waiting task rides out connection failures, retrying
+        with backoff (at most a second apart) until its timeout; if Redis is
+        still unreachable then, it raises ConnectionFailedError rather than
+        LockTimeoutError. Without a timeout it waits through any outage once
+        it has reached Redis, but a call whose first tries cannot reach
+        Redis at all (server down, wrong URL) fails fast with
+        ConnectionFailedError. A refusal (ServerRefusedError: password, ACL,
+        out of memory; WrongTypeError: the key holds a value aiolock did not
+        write) is raised at once.
         """
         return self._acquire(check_timeout(timeout), check_lease(lease))
 
     async def try_acquire(self, wait: float = 0.0, *, lease: float | None = None) -> L | None:
         """Acquire if possible within ``wait`` seconds (default: one try, no waiting).
 
-        Returns the lease, or None if the lock stayed busy.
+        Returns the lease, or None if the lock stayed busy. A Redis that
+        cannot be reached is not "busy": ConnectionFailedError (see ``acquire``).
         """
         checked_wait = check_timeout(wait, "wait")
         checked_lease = check_lease(lease)

@@ -12,6 +12,7 @@ import inspect
 import logging
 import threading
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,6 +49,14 @@ def test_every_error_is_exported() -> None:
     assert issubclass(ConnectionFailedError, ConnectionError), "except ConnectionError works"
     assert issubclass(WrongTypeError, ServerRefusedError)
     assert issubclass(AsyncioRequiredError, RuntimeError)
+
+
+def test_every_error_is_in_the_readme() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### Errors\n", 1)[1].split("\n### ", 1)[0]
+    for name in aiolock.__all__:
+        if name.endswith("Error"):
+            assert f"`{name}`" in section, name
 
 
 def _check(error: BaseException, cause: type[BaseException], *words: str) -> None:
