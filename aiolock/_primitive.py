@@ -204,7 +204,11 @@ async def compete(
                 delay = min(0.05 * 2**failures, OUTAGE_BACKOFF_CAP)
                 if deadline is not None:
                     delay = min(delay, max(deadline - now, 0.0))
-                await asyncio.sleep(delay)
+                try:
+                    await asyncio.sleep(delay)
+                except asyncio.CancelledError:
+                    abandon()  # the failed try may have run, its reply lost
+                    raise
                 continue
             if failures:
                 failures = 0

@@ -164,6 +164,32 @@ async def test_short_outage_ridden_out_by_waiting_task(
         await assert_clean(holder, waiter)
 
 
+async def test_cancelled_while_riding_out_an_outage(
+    proxy: TcpProxy, server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wait cancelled between retries during an outage leaves nothing behind."""
+    caplog.set_level(logging.WARNING, logger="aiolock")
+    poll = Backoff(initial=0.01, maximum=0.05)
+    async with (
+        Client.from_url(server.url, prefix="e") as holder,
+        Client.from_url(proxy.url, prefix="e", notify="poll", backoff=poll) as waiter,
+    ):
+        held = await holder.lock("c").acquire()
+        task = asyncio.create_task(waiter.lock("c").acquire(timeout=60))
+        await eventually(lambda: waiter.statistics().waiting == 1, what="the waiter waits")
+        proxy.cut()
+        await eventually(
+            lambda: task.done() or "Redis unreachable" in caplog.text, what="a failed retry"
+        )
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        proxy.restore()
+        await held.release()
+        assert not await waiter.lock("c").is_locked()
+        await assert_clean(holder, waiter)
+
+
 async def test_waiting_without_timeout_rides_out_a_restart(
     fresh_server: ServerProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
