@@ -175,8 +175,9 @@ class Client:
         # Tasks parked in Redis-side waits of primitives without a LocalQueue.
         self._parked = 0
         self._attempts = 0
-        # A waiting task found Redis unreachable (one warning per outage).
-        self._unreachable = False
+        # The command connection's connect count when a waiting task last
+        # warned that Redis is unreachable (one warning per outage).
+        self._outage_warned = -1
         self._watchdog = Watchdog(self, self.lease)
         self._lease_ms = to_ms(self.lease)
         self._retention_ms = to_ms(FENCE_RETENTION)

@@ -193,8 +193,9 @@ async def compete(
                     ) from exc.__cause__ or exc
                 if client._closed:
                     raise ClientClosedError("the aiolock Client was closed while waiting") from exc
-                if failures == 1 and not client._unreachable:
-                    client._unreachable = True  # one warning per outage, not per task
+                if client._outage_warned != client._mux.connects:
+                    # One warning per outage (per connection lost), not per task.
+                    client._outage_warned = client._mux.connects
                     log.warning(
                         "aiolock: %s: Redis unreachable (%s); retrying %s",
                         what,
@@ -210,9 +211,7 @@ async def compete(
                     abandon()  # the failed try may have run, its reply lost
                     raise
                 continue
-            if failures:
-                failures = 0
-                client._unreachable = False
+            failures = 0
             reached = True
             if result is not None:
                 if registration is not None:
