@@ -23,14 +23,18 @@ Only the names below are public; everything in a ``_module`` is private.
 from ._client import Client as Client
 from ._client import ClientStatistics as ClientStatistics
 from ._errors import AiolockError as AiolockError
+from ._errors import AsyncioRequiredError as AsyncioRequiredError
 from ._errors import ClientClosedError as ClientClosedError
+from ._errors import ConnectionFailedError as ConnectionFailedError
 from ._errors import InvalidArgumentError as InvalidArgumentError
 from ._errors import InvalidArgumentTypeError as InvalidArgumentTypeError
 from ._errors import LockLostError as LockLostError
 from ._errors import LockNotOwnedError as LockNotOwnedError
 from ._errors import LockTimeoutError as LockTimeoutError
 from ._errors import LockUpgradeError as LockUpgradeError
+from ._errors import ServerRefusedError as ServerRefusedError
 from ._errors import WrongEventLoopError as WrongEventLoopError
+from ._errors import WrongTypeError as WrongTypeError
 from ._fair import FairLock as FairLock
 from ._latch import Latch as Latch
 from ._lease import Lease as Lease
@@ -48,10 +52,12 @@ from ._spin import SpinLock as SpinLock
 __all__ = [
     "AiolockError",
     "AsyncLock",
+    "AsyncioRequiredError",
     "Backoff",
     "Client",
     "ClientClosedError",
     "ClientStatistics",
+    "ConnectionFailedError",
     "FairLock",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
@@ -67,9 +73,11 @@ __all__ = [
     "ReadLock",
     "ReadWriteLock",
     "Semaphore",
+    "ServerRefusedError",
     "SpinLock",
     "WriteLock",
     "WrongEventLoopError",
+    "WrongTypeError",
 ]
 
 __version__ = "0.1.0"

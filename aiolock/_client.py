@@ -29,6 +29,8 @@ from ._errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     WrongEventLoopError,
+    asyncio_required,
+    from_redis,
 )
 from ._futures import Outcome
 from ._lease import Hold, Lease, LostCallback, call_lost_callback
@@ -56,7 +58,15 @@ Notify = Literal["pubsub", "list", "poll"]
 _NOTIFY_MODES = ("pubsub", "list", "poll")
 #: Fence counters of names nobody used for this long expire (see DESIGN: fencing).
 FENCE_RETENTION = 24 * 3600.0
-_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)  # OSError: ConnectionFailedError
+_WRONG_LOOP = (
+    "this aiolock Client is bound to the event loop it was first used on, and this is "
+    "another one. This usually happens when a Client is made at module level or in a "
+    "session-scoped pytest fixture and then used from another loop (pytest-asyncio gives "
+    "each test its own loop by default; every asyncio.run() makes a new one). Create the "
+    "Client inside the loop that uses it (in a function-scoped fixture, or in your main "
+    "coroutine): one Client per event loop"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +180,9 @@ class Client:
         # Tasks parked in Redis-side waits of primitives without a LocalQueue.
         self._parked = 0
         self._attempts = 0
+        # The command connection's connect count when a waiting task last
+        # warned that Redis is unreachable (one warning per outage).
+        self._outage_warned = -1
         self._watchdog = Watchdog(self, self.lease)
         self._lease_ms = to_ms(self.lease)
         self._retention_ms = to_ms(FENCE_RETENTION)
@@ -263,14 +276,14 @@ class Client:
         """Check the Client is usable from here; start it on first use."""
         if self._closed:
             raise ClientClosedError("this aiolock Client was closed; create a new one")
-        loop = asyncio.get_running_loop()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise asyncio_required() from None
         if self._loop is loop:
             return loop
         if self._loop is not None:
-            raise WrongEventLoopError(
-                "this aiolock Client is bound to another event loop; "
-                "create one Client per event loop"
-            )
+            raise WrongEventLoopError(_WRONG_LOOP)
         self._loop = loop
         self._listener.start()
         self._watchdog.start()
@@ -280,9 +293,12 @@ class Client:
     def _enter_task(self) -> asyncio.Task[Any]:
         """``_enter()`` for a call that needs its task: one lookup serves both
         (each asyncio lookup of the running loop costs a getpid() system call)."""
-        task = asyncio.current_task()
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no running asyncio loop (trio, or no loop at all)
+            raise asyncio_required() from None
         if task is None:
-            raise RuntimeError("aiolock must be used from inside an asyncio task")
+            raise asyncio_required()
         if self._loop is not task.get_loop() or self._closed:
             self._enter()
         return task
@@ -293,20 +309,27 @@ class Client:
         return loop.time()
 
     def _check_usable(self) -> None:
-        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
-            raise WrongEventLoopError(
-                "this aiolock Client is bound to another event loop; "
-                "create one Client per event loop"
-            )
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise asyncio_required() from None
+        if self._loop is not None and loop is not self._loop:
+            raise WrongEventLoopError(_WRONG_LOOP)
 
     async def aclose(self) -> None:
         """Close the Client. Idempotent. See the class docstring for what happens to holds."""
         if self._closed:
             return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise asyncio_required() from None
         # Checked before anything changes: a call from the wrong loop leaves the
         # Client as it was, so that aclose() from its own loop still does the work.
-        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
-            raise WrongEventLoopError("close the aiolock Client from the event loop it runs on")
+        if self._loop is not None and loop is not self._loop:
+            raise WrongEventLoopError(
+                "close the aiolock Client from the event loop it was first used on. " + _WRONG_LOOP
+            )
         self._closed = True
         for state in list(self._states.values()):
             state.close()
@@ -438,7 +461,12 @@ class Client:
             return await mux.call(b"EVALSHA", script.sha, len(keys), *keys, *args, orphan=orphan)
         except NoScriptError:
             await mux.call(b"SCRIPT", b"LOAD", script.source)
-            return await mux.call(b"EVALSHA", script.sha, len(keys), *keys, *args, orphan=orphan)
+            try:
+                return await mux.call(
+                    b"EVALSHA", script.sha, len(keys), *keys, *args, orphan=orphan
+                )
+            except NoScriptError as exc:  # flushed again at once: give up
+                raise from_redis(exc) from exc
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)

@@ -18,6 +18,12 @@ single reader task resolves one future per reply, in the same order. So:
   is detected: if no reply arrives for ``command_timeout`` seconds while
   commands are pending, it is closed and every pending command fails with a
   ``redis.exceptions.ConnectionError``. The next command reconnects.
+
+Every error a command fails with is an AiolockError (``_errors.from_redis``,
+redis-py's exception as its ``__cause__``): ConnectionFailedError when the
+connection failed, ServerRefusedError (or WrongTypeError) for an error
+reply. The one exception is NOSCRIPT, left as redis-py's NoScriptError for
+the script runner to reload the script (see ``Client._eval``).
 """
 
 from __future__ import annotations
@@ -32,12 +38,18 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
+from ._errors import ClientClosedError, ServerRefusedError, from_redis
+
 try:  # part of redis[hiredis]; without it, redis-py's parser in a reader task
     import hiredis
 except ImportError:  # pragma: no cover
     hiredis = None  # type: ignore[assignment]
 
-__all__ = ["CommandConnection", "ConnectionFactory", "Orphan"]
+__all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Orphan"]
+
+#: The errors that say a command did not run (an error reply, a refusal):
+#: an orphaned acquire that failed with one of these needs no undo.
+DID_NOT_RUN = (ServerRefusedError, ResponseError)
 
 #: Builds a new, unconnected redis-py connection with aiolock's settings.
 ConnectionFactory = Callable[[], AbstractConnection]
@@ -102,7 +114,7 @@ class CommandConnection:
             loop = self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         if self._closed:
-            fut.set_exception(RedisConnectionError("aiolock command connection is closed"))
+            fut.set_exception(_closed_error())
             return fut
         if self._writer is None:
             self._backlog.append((args, fut, orphan))
@@ -118,7 +130,7 @@ class CommandConnection:
         is called exactly once, from the reply's parse (no loop turn in between)
         or with the error that failed it. The callback must not raise."""
         if self._closed:
-            callback(None, RedisConnectionError("aiolock command connection is closed"))
+            callback(None, _closed_error())
             return
         if self._writer is None:
             self._backlog.append((args, None, callback))
@@ -192,7 +204,9 @@ class CommandConnection:
                 )
             self._connect_task = None
             backlog, self._backlog = self._backlog, []
-            error = exc if isinstance(exc, Exception) else RedisConnectionError(repr(exc))
+            error = from_redis(
+                exc if isinstance(exc, Exception) else RedisConnectionError(repr(exc))
+            )
             for _, fut, orphan in backlog:
                 _fail(fut, orphan, error)
             if conn is not None:
@@ -255,7 +269,7 @@ class CommandConnection:
                 try:
                     reply = await conn.read_response(timeout=math.inf)
                 except ResponseError as exc:
-                    error = exc
+                    error = _error(exc)
                 self._deliver(reply, error)
         except asyncio.CancelledError:
             self._drop(RedisConnectionError("aiolock command connection is closed"), conn)
@@ -280,6 +294,7 @@ class CommandConnection:
             self._timer.cancel()
             self._timer = None
         pending, self._pending = self._pending, deque()
+        error = from_redis(error)
         if self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
         for fut, orphan in pending:
@@ -327,6 +342,10 @@ class CommandConnection:
             await asyncio.gather(*self._closers, return_exceptions=True)
 
 
+def _closed_error() -> ClientClosedError:
+    return ClientClosedError("the aiolock Client was closed; create a new one")
+
+
 def _ignore(reply: Any, error: BaseException | None) -> None:
     return None
 
@@ -361,11 +380,13 @@ def pack(args: tuple[Any, ...]) -> bytes:
     return b"".join(parts)
 
 
-def _error(reply: Exception) -> ResponseError:
+def _error(reply: Exception) -> Exception:
+    """The exception for an error reply: NoScriptError (the script runner's
+    business), else a ServerRefusedError (WrongTypeError) caused by redis-py's."""
     message = str(reply)
     if message.startswith("NOSCRIPT"):
         return NoScriptError(message)
-    return ResponseError(message)
+    return from_redis(ResponseError(message))
 
 
 class _ReplyProtocol(asyncio.Protocol):

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import re
+
+from redis.exceptions import AuthenticationError, AuthorizationError, RedisError, ResponseError
+
 __all__ = [
     "AiolockError",
+    "AsyncioRequiredError",
     "ClientClosedError",
+    "ConnectionFailedError",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "LockLostError",
     "LockNotOwnedError",
     "LockTimeoutError",
     "LockUpgradeError",
+    "ServerRefusedError",
     "WrongEventLoopError",
+    "WrongTypeError",
+    "asyncio_required",
+    "from_redis",
 ]
 
 
@@ -62,8 +72,58 @@ class ClientClosedError(AiolockError):
 class WrongEventLoopError(AiolockError, RuntimeError):
     """The Client was used from an event loop other than the one it is bound to.
 
-    A Client, with its listener and watchdog tasks, belongs to the first event
-    loop it runs on. Create one Client per event loop (per thread).
+    A Client, with its connections, listener and watchdog tasks, belongs to
+    the first event loop it runs on. This usually happens when a Client is
+    made at module level or in a session-scoped pytest fixture and then used
+    from another loop (pytest-asyncio gives each test its own loop by default;
+    every ``asyncio.run()`` makes a new one). Create the Client inside the
+    loop that uses it (in a function-scoped fixture, or in your main
+    coroutine): one Client per event loop.
+    """
+
+
+class AsyncioRequiredError(AiolockError, RuntimeError):
+    """aiolock was called without a running asyncio event loop.
+
+    aiolock needs asyncio: anyio's asyncio backend is fine, its trio backend
+    (and trio itself) are not supported.
+    """
+
+
+class ConnectionFailedError(AiolockError, ConnectionError):
+    """Redis could not be reached: the connection was refused, lost, or stopped answering.
+
+    It is also a builtin :class:`ConnectionError` (an ``OSError``). Its
+    ``__cause__`` is redis-py's exception. The command did not complete; the
+    next command reconnects. Tasks waiting for a lock ride out an outage
+    (see ``acquire``), so this reaches you from a wait only when Redis stayed
+    unreachable until the wait's timeout.
+    """
+
+
+class ServerRefusedError(AiolockError):
+    """The server refused the command: authentication (NOAUTH, WRONGPASS), ACL
+    (NOPERM), out of memory (OOM), a read-only replica (READONLY), ...
+
+    ``code`` is the error code of the server's reply (``"NOPERM"``, ``"OOM"``,
+    ...), and the message quotes the reply. Its ``__cause__`` is redis-py's
+    exception. The command did not run (a script that fails half way is the
+    server's business: aiolock's scripts check before they write). Retrying
+    does not help until the server's configuration is fixed.
+    """
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class WrongTypeError(ServerRefusedError):
+    """A key aiolock uses holds a value aiolock did not write (Redis' WRONGTYPE).
+
+    Another library (redis-py's own ``Lock``, for example) or another kind of
+    aiolock primitive uses the same key, ``<prefix>:{<name>}``. Pick another
+    name, or give the Client another ``prefix``. It is a ServerRefusedError
+    with ``code == "WRONGTYPE"``.
     """
 
 
@@ -73,3 +133,76 @@ class InvalidArgumentError(AiolockError, ValueError):
 
 class InvalidArgumentTypeError(AiolockError, TypeError):
     """An argument had the wrong type (a non-string name, a string timeout)."""
+
+
+def asyncio_required() -> AsyncioRequiredError:
+    """The error for a call made without a running asyncio loop (trio, or no loop)."""
+    return AsyncioRequiredError(
+        "aiolock needs a running asyncio event loop: call it from asyncio code "
+        "(anyio's asyncio backend is fine; trio, and anyio's trio backend, are not supported)"
+    )
+
+
+# What to do about each refusal, by the error code of the server's reply.
+_ADVICE = {
+    "NOAUTH": "The server requires a password: put it in the URL "
+    "(redis://user:password@host:port) or in the redis.asyncio.Redis you pass to Client()",
+    "WRONGPASS": "Check the username and password in the URL or in your redis.asyncio.Redis",
+    "NOPERM": "The ACL user lacks a permission aiolock needs: it runs EVALSHA, SCRIPT LOAD, "
+    "PUBLISH, SUBSCRIBE, EXISTS, PTTL (and BLPOP in notify='list' mode) on the keys "
+    "and channels under its prefix",
+    "OOM": "The server is out of memory (maxmemory, with a noeviction policy): free memory, "
+    "raise maxmemory or choose an eviction policy",
+    "READONLY": "This server is a read-only replica: connect to the master",
+    "MISCONF": "The server refuses writes because it cannot persist to disk: see its log",
+    "BUSY": "A long-running script blocks the server: wait, or stop it with SCRIPT KILL",
+    "LOADING": "The server is loading its data set: retry in a moment",
+    "MASTERDOWN": "The replica lost its master: retry after the failover",
+    "NOREPLICAS": "Not enough replicas are connected to accept writes",
+    "NOSCRIPT": "The server lost aiolock's script twice in a row (SCRIPT FLUSH?): retry",
+}
+_CODES = re.compile(r"\b(" + "|".join(sorted(_ADVICE)) + r")\b")
+
+
+def from_redis(exc: BaseException) -> AiolockError:
+    """The AiolockError for an exception from redis-py or the connection layer.
+
+    AiolockErrors pass through unchanged; the caller raises the result
+    ``from exc`` (or sets ``__cause__``) so redis-py's exception stays the cause.
+    """
+    if isinstance(exc, AiolockError):
+        return exc
+    message = (str(exc) or type(exc).__name__).rstrip(". ")
+    error: AiolockError
+    if isinstance(exc, AuthenticationError | AuthorizationError):
+        code = "NOAUTH" if "NOAUTH" in message or "required" in message else "WRONGPASS"
+        error = ServerRefusedError(
+            f"Redis refused the connection ({code}): {message}. {_ADVICE[code]}.", code
+        )
+    elif isinstance(exc, ResponseError):
+        if "WRONGTYPE" in message:
+            error = WrongTypeError(
+                f"Redis refused the command: {message}. A key of this name holds a value "
+                "aiolock did not write (another library, e.g. redis-py's Lock, or another "
+                "kind of aiolock primitive uses the same name): pick another name, or give "
+                "the Client another prefix.",
+                "WRONGTYPE",
+            )
+        else:
+            first = message.split(" ", 1)[0]
+            found = first if first in _ADVICE else None
+            if found is None:  # an error inside a script may be wrapped ("ERR Error running...")
+                match = _CODES.search(message)
+                found = match.group(1) if match else None
+            advice = _ADVICE[found] if found else "See the server's reply"
+            code = found or (first if first.isupper() else "")
+            error = ServerRefusedError(f"Redis refused the command: {message}. {advice}.", code)
+    elif isinstance(exc, RedisError | OSError):
+        error = ConnectionFailedError(
+            f"cannot reach Redis: {message}. Check that the server is up and reachable; "
+            "aiolock reconnects on the next command."
+        )
+    else:
+        error = AiolockError(f"unexpected error talking to Redis: {message}.")
+    error.__cause__ = exc
+    return error

@@ -39,8 +39,8 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 
+from ._connection import DID_NOT_RUN
 from ._errors import ClientClosedError
 from ._futures import expire, retrieve
 from ._lease import Hold, Lease
@@ -544,6 +544,6 @@ def _leave(
     error: BaseException | None,
 ) -> None:
     """An acquire call gave up (or its reply was lost): leave the queue, pass a handed lock on."""
-    if isinstance(error, ResponseError):
+    if isinstance(error, DID_NOT_RUN):
         return  # the script failed: it changed nothing
     client._spawn(client._retry("fair_leave", keys, args))

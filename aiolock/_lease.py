@@ -229,6 +229,10 @@ class Lease:
         released. Raises LockNotOwnedError if the lease was lost (the hold is
         forgotten locally all the same). If the calling task is cancelled
         while the release is on the wire, the release still completes.
+
+        A release that cannot reach Redis is retried for a second or two,
+        then raises ConnectionFailedError: the lease is then lost (no longer
+        renewed) and the lock frees itself when its TTL runs out.
         """
         outcome = self._begin_release()
         if outcome is not None:
@@ -288,7 +292,8 @@ class Lease:
         """Make the hold last at least ``seconds`` from now (never shortens it).
 
         For a fixed lease this moves its expiry; for a watchdog lease it only
-        matters if the watchdog is late. Raises LockNotOwnedError if the hold is gone.
+        matters if the watchdog is late. Raises LockNotOwnedError if the hold is
+        gone, ConnectionFailedError if Redis stayed unreachable for a second or two.
         """
         value = check_seconds(seconds, "extend seconds", allow_zero=False)
         hold = self._hold

@@ -8,8 +8,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 
+from ._connection import DID_NOT_RUN
 from ._errors import ClientClosedError, LockTimeoutError
 from ._futures import Outcome, expire
 from ._lease import Hold, Lease
@@ -726,6 +726,6 @@ def _undo_acquire(
         if reply and int(reply[0]) == 1:
             args: tuple[Any, ...] = (owner, int(reply[1]), channel, client._retention_ms)
             client._spawn(client._retry("release", keys, args))
-    elif not isinstance(error, ResponseError):
+    elif not isinstance(error, DID_NOT_RUN):
         # Unknown whether it ran: remove whatever hold this owner may have.
         client._spawn(client._retry("release", keys, (owner, "", channel, client._retention_ms)))

@@ -6,8 +6,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import ResponseError
-
+from ._connection import DID_NOT_RUN
 from ._errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -318,7 +317,7 @@ async def _compete_group(
             if reply and int(reply[0]) == 1:
                 for lock, token in zip(locks, reply[1:], strict=True):
                     _spawn_release(client, lock, owner, int(token))
-        elif not isinstance(error, ResponseError):
+        elif not isinstance(error, DID_NOT_RUN):
             for lock in locks:
                 _spawn_release(client, lock, owner, "")
 

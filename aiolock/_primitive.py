@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import math
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
@@ -30,11 +31,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._errors import (
     ClientClosedError,
+    ConnectionFailedError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     LockLostError,
     LockNotOwnedError,
     LockTimeoutError,
+    asyncio_required,
+    from_redis,
 )
 from ._lease import Hold, Lease
 from ._notify import Waiter
@@ -83,13 +87,23 @@ OnLost = Literal["cancel", "ignore"]
 #: However short the caller's timeout, an attempt already on the wire gets
 #: this long for its reply (so ``try_acquire()`` always makes one real try).
 REPLY_GRACE = 1.0
+#: Connection failures (ConnectionFailedError is an OSError): a waiting task retries them.
 TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+#: A wait without a timeout that never reached Redis gives up after this many failures.
+FIRST_CONTACT_TRIES = 3
+#: The longest pause between two tries of a wait riding out an outage.
+OUTAGE_BACKOFF_CAP = 1.0
+
+log = logging.getLogger("aiolock")
 
 
 def current_task() -> asyncio.Task[Any]:
-    task = asyncio.current_task()
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running asyncio loop (trio, or no loop at all)
+        raise asyncio_required() from None
     if task is None:
-        raise RuntimeError("aiolock must be used from inside an asyncio task")
+        raise asyncio_required()
     return task
 
 
@@ -129,6 +143,17 @@ async def compete(
     if we give up after transient errors (an attempt may have succeeded
     unseen). ``parked(True/False)`` brackets the time a Waiter is registered.
 
+    Outages: a try that fails with a connection error is retried with
+    capped exponential backoff (at most ``OUTAGE_BACKOFF_CAP`` s apart; the
+    command connection reconnects on each try). With a deadline, until the
+    deadline: a failure of the last try there raises ConnectionFailedError
+    (not LockTimeoutError: the lock was not found busy, Redis was
+    unreachable). Without a deadline: for ever, once this wait has reached
+    Redis; a wait that never reached it gives up after
+    ``FIRST_CONTACT_TRIES`` tries with ConnectionFailedError (a wrong URL or
+    a server that is down fails fast instead of hanging). Server refusals
+    (ServerRefusedError, WrongTypeError) are raised at once.
+
     ``warm()``, if given, returns a Waiter that is live already (a channel
     still subscribed and confirmed), or None. Taken before the first try, it
     hears every wake-up sent after that try ran, so a failed first try parks
@@ -138,6 +163,7 @@ async def compete(
     registration: Waiter | None = warm() if warm is not None else None
     is_parked = False
     failures = 0
+    reached = False  # has any try of this wait had a reply from Redis?
     try:
         while True:
             sent = loop.time()
@@ -151,14 +177,42 @@ async def compete(
                 raise LockTimeoutError(
                     f"timed out waiting for {what} (no reply from Redis)"
                 ) from None
-            except TRANSIENT:
+            except TRANSIENT as exc:
                 failures += 1
-                if failures >= 3 or (deadline is not None and loop.time() >= deadline):
+                now = loop.time()
+                if (deadline is not None and now >= deadline) or (
+                    deadline is None and not reached and failures >= FIRST_CONTACT_TRIES
+                ):
                     abandon()
+                    if deadline is None:
+                        raise from_redis(exc) from exc.__cause__ or exc
+                    raise ConnectionFailedError(
+                        f"gave up waiting for {what}: Redis stayed unreachable until the "
+                        f"timeout ran out ({exc}). Check that the server is up and reachable, "
+                        "or wait longer"
+                    ) from exc.__cause__ or exc
+                if client._closed:
+                    raise ClientClosedError("the aiolock Client was closed while waiting") from exc
+                if client._outage_warned != client._mux.connects:
+                    # One warning per outage (per connection lost), not per task.
+                    client._outage_warned = client._mux.connects
+                    log.warning(
+                        "aiolock: %s: Redis unreachable (%s); retrying %s",
+                        what,
+                        exc,
+                        "until the timeout" if deadline is not None else "until it answers",
+                    )
+                delay = min(0.05 * 2**failures, OUTAGE_BACKOFF_CAP)
+                if deadline is not None:
+                    delay = min(delay, max(deadline - now, 0.0))
+                try:
+                    await asyncio.sleep(delay)
+                except asyncio.CancelledError:
+                    abandon()  # the failed try may have run, its reply lost
                     raise
-                await asyncio.sleep(0.05 * 2**failures)
                 continue
             failures = 0
+            reached = True
             if result is not None:
                 if registration is not None:
                     registration.close(linger=True)
@@ -392,13 +446,24 @@ class Acquirable(LockLike[L]):
         lease in seconds with no renewal (None: the watchdog renews it).
         Arguments are checked at the call. (A plain function returning the
         coroutine: one frame less per waiting task.)
+
+        Redis outages: a waiting task rides out connection failures, retrying
+        with backoff (at most a second apart) until its timeout; if Redis is
+        still unreachable then, it raises ConnectionFailedError rather than
+        LockTimeoutError. Without a timeout it waits through any outage once
+        it has reached Redis, but a call whose first tries cannot reach
+        Redis at all (server down, wrong URL) fails fast with
+        ConnectionFailedError. A refusal (ServerRefusedError: password, ACL,
+        out of memory; WrongTypeError: the key holds a value aiolock did not
+        write) is raised at once.
         """
         return self._acquire(check_timeout(timeout), check_lease(lease))
 
     async def try_acquire(self, wait: float = 0.0, *, lease: float | None = None) -> L | None:
         """Acquire if possible within ``wait`` seconds (default: one try, no waiting).
 
-        Returns the lease, or None if the lock stayed busy.
+        Returns the lease, or None if the lock stayed busy. A Redis that
+        cannot be reached is not "busy": ConnectionFailedError (see ``acquire``).
         """
         checked_wait = check_timeout(wait, "wait")
         checked_lease = check_lease(lease)

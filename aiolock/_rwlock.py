@@ -39,8 +39,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 
+from ._connection import DID_NOT_RUN
 from ._errors import ClientClosedError, LockNotOwnedError, LockTimeoutError, LockUpgradeError
 from ._futures import expire
 from ._lease import Hold, Lease
@@ -264,7 +264,7 @@ class ReadWriteLock(Primitive):
       before for this name.
 
     Do not use one name for a read-write lock and another kind of lock: the
-    scripts refuse a name held by another kind with a ResponseError.
+    scripts refuse a name held by another kind with a WrongTypeError.
     """
 
     __slots__ = (
@@ -727,7 +727,7 @@ def _undo_read(
     if error is None:
         if reply and int(reply[0]) == 1:
             core._release_read_later(owner, int(reply[1]), nonce)
-    elif not isinstance(error, ResponseError):
+    elif not isinstance(error, DID_NOT_RUN):
         core._release_read_later(owner, "", nonce)  # unknown whether it ran
 
 
@@ -741,6 +741,6 @@ def _undo_write(
             core._release_write_later(owner, int(reply[1]), nonce)
         elif code == 2:
             core._unwait_later(owner, nonce)
-    elif not isinstance(error, ResponseError):
+    elif not isinstance(error, DID_NOT_RUN):
         # Unknown whether it ran: drop this call's write hold and waiting entry, if any.
         core._release_write_later(owner, "", nonce)

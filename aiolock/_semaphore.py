@@ -17,8 +17,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
-from redis.exceptions import ResponseError
-
+from ._connection import DID_NOT_RUN
 from ._errors import InvalidArgumentError, InvalidArgumentTypeError, LockNotOwnedError
 from ._lease import Hold, Lease
 from ._primitive import (
@@ -318,7 +317,7 @@ class Semaphore(Primitive, LockLike[Permit]):
             if error is None:
                 if reply and (int(reply[0]) == 1 or (int(reply[0]) == 0 and int(reply[2]) == 1)):
                     cleanup()
-            elif not isinstance(error, ResponseError):
+            elif not isinstance(error, DID_NOT_RUN):
                 cleanup()  # unknown whether it ran
 
         async def attempt() -> tuple[int | None, float | None]:

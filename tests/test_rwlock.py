@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 import pytest
-from redis.exceptions import ResponseError
 
 from aiolock import (
     Client,
@@ -27,6 +26,7 @@ from aiolock import (
     LockNotOwnedError,
     LockTimeoutError,
     LockUpgradeError,
+    ServerRefusedError,
 )
 from aiolock._client import Notify
 from aiolock._rwlock import ReadLock, ReadWriteLock, WriteLock
@@ -800,9 +800,9 @@ async def test_bad_input_is_refused_before_any_round_trip(
 
 async def test_a_name_used_by_another_kind_of_lock_is_refused(plain: Client) -> None:
     held = await plain.lock("kind").acquire()
-    with pytest.raises(ResponseError, match="another kind of lock"):
+    with pytest.raises(ServerRefusedError, match="another kind of lock"):
         await in_task(plain.rw_lock("kind").read.acquire())
-    with pytest.raises(ResponseError, match="another kind of lock"):
+    with pytest.raises(ServerRefusedError, match="another kind of lock"):
         await in_task(plain.rw_lock("kind").write.acquire())
     assert await plain.lock("kind").is_locked()
     await held.release()
