@@ -61,9 +61,12 @@ class LocalQueue:
     * without a round trip, if both use watchdog leases and the hold still
       has fencing tokens reserved (each acquisition in Redis reserves
       ``TOKEN_RESERVE`` consecutive tokens for this Client, so tokens keep
-      increasing strictly whoever gets the next one); the hold in Redis
-      stays as it is (same owner entry, same TTL), which is the same lock
-      held by the same Client;
+      increasing strictly whoever gets the next one), and the server
+      confirmed the hold since the Client's connections were last
+      (re)established (``Hold.confirmed``: after a restart that lost the
+      hold, its release goes to Redis, which finds it gone); the hold in
+      Redis stays as it is (same owner entry, same TTL), which is the same
+      lock held by the same Client;
     * otherwise with one script call that releases and re-grants the lock
       to that task (new tokens, its lease).
 
@@ -463,7 +466,12 @@ class AsyncLock(SingleHolder):
       waiter behind; a cancelled release still completes; ``async with``
       releases when its body raised or was cancelled.
     * **Fencing:** every fresh acquisition gets a token strictly greater than
-      every token issued before for this name.
+      every token issued before for this name; a token handed to a local
+      waiter without a round trip is never lower than one the server issued
+      since (see the README on restarts and failovers).
+    * **Restarts:** when a connection to the server is lost, every hold is
+      checked as soon as the server answers again; a hold it no longer has
+      is lost at once.
     """
 
     __slots__ = (
