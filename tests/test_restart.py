@@ -178,3 +178,41 @@ async def test_release_before_the_check_goes_to_the_server(fresh_server: ServerP
         assert second.fencing_token > first.fencing_token
         await second.release()
         await assert_clean(a)
+
+
+async def test_pubsub_connection_loss_alone_verifies_the_holds(
+    fresh_server: ServerProcess,
+) -> None:
+    """A loss seen only by the listener (its pub/sub connection dropped, the
+    command connections untouched) starts a new epoch too: the holds are
+    checked at once."""
+    async with (
+        Client.from_url(fresh_server.url, prefix="rs", lease=LEASE) as a,
+        Client.from_url(fresh_server.url, prefix="rs", lease=LEASE) as b,
+    ):
+        held = await a.lock("h").acquire()
+        busy = await b.lock("busy").acquire()
+        waiter = asyncio.create_task(a.lock("busy").acquire())  # keeps A's listener busy
+        name = f"rs:{{busy}}:w:{a.id}".encode()  # A's channel of the lock (targeted)
+
+        def subscribed() -> bool:
+            channel = a._listener.channels.get(name)
+            return channel is not None and channel.is_confirmed
+
+        await eventually(subscribed, what="A's waiter to be subscribed")
+        fresh_server.execute("PEXPIRE", "rs:{h}", 20_000)  # as if 10 s had passed
+        epoch, connects = a._epoch, a._mux.connects
+
+        assert fresh_server.kill_pubsub_clients() >= 1
+
+        def renewed() -> bool:
+            return int(fresh_server.execute("PTTL", "rs:{h}")) > 25_000
+
+        await eventually(renewed, timeout=60, what="the hold renewed after the pub/sub loss")
+        assert a._watchdog.rounds == 0, "renewed by the check, not by a watchdog round"
+        assert a._epoch > epoch and a._mux.connects == connects
+        assert not held.lost
+        await busy.release()
+        await (await asyncio.wait_for(waiter, 20)).release()
+        await held.release()
+        await assert_clean(a, b)
