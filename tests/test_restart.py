@@ -216,3 +216,31 @@ async def test_pubsub_connection_loss_alone_verifies_the_holds(
         await (await asyncio.wait_for(waiter, 20)).release()
         await held.release()
         await assert_clean(a, b)
+
+
+async def test_restart_reports_holds_of_every_primitive_lost_at_once(
+    fresh_server: ServerProcess,
+) -> None:
+    """The check after a reconnect covers every kind of hold, not just AsyncLock's."""
+    async with Client.from_url(fresh_server.url, prefix="rs", lease=LEASE) as a:
+        leases = [
+            await a.fair_lock("fair").acquire(),
+            await a.rw_lock("rw").write.acquire(),
+            await a.rw_lock("rr").read.acquire(),
+            await a.semaphore("sem", 2).acquire(),
+            await a.spin_lock("spin").acquire(),
+        ]
+        rounds_at_loss: list[int] = []
+        for lease in leases:
+            lease.on_lost(lambda _: rounds_at_loss.append(a._watchdog.rounds))
+
+        fresh_server.restart()
+
+        await eventually(
+            lambda: all(lease.lost for lease in leases), timeout=60, what="every hold lost"
+        )
+        assert rounds_at_loss == [0] * len(leases), "found by the check, not by a watchdog round"
+        for lease in leases:
+            with pytest.raises(LockNotOwnedError):
+                await lease.release()
+        await assert_clean(a)
