@@ -163,10 +163,18 @@ class Client:
         self._background: set[asyncio.Task[Any]] = set()
         # Per-primitive local state, keyed by the primitive's main key.
         self._states: dict[str, Any] = {}
+        # The connection epoch: bumped whenever an established connection to
+        # the server is lost, since the server behind the next one may have
+        # lost every key (a restart without persistence, a failover). A hold
+        # confirmed by the server in an earlier epoch is verified at once
+        # (_verify_holds) and hands out no reserved token meanwhile.
+        self._epoch = 0
+        self._verifier: asyncio.Task[None] | None = None
         self._mux = CommandConnection(
             self._new_connection,
             command_timeout=self.command_timeout,
             on_connect=self._preload,
+            on_reset=self._connection_reset,
         )
         # The watchdog's own lane: renewals never queue behind a burst of
         # acquires and releases on the main connection (connected on first use).
@@ -174,8 +182,10 @@ class Client:
             self._new_connection,
             command_timeout=self.command_timeout,
             on_connect=self._preload,
+            on_reset=self._connection_reset,
         )
         self._listener = Listener(self._new_connection)
+        self._listener.on_reset = self._connection_reset
         self._signals = SignalHub(self._new_connection)
         # Tasks parked in Redis-side waits of primitives without a LocalQueue.
         self._parked = 0
@@ -356,6 +366,10 @@ class Client:
                 await asyncio.wait(list(self._background), timeout=min(self.command_timeout, 2.0))
                 for task in list(self._background):
                     task.cancel()
+            verifier, self._verifier = self._verifier, None
+            if verifier is not None:
+                verifier.cancel()
+                await asyncio.gather(verifier, return_exceptions=True)
             await self._watchdog.aclose()
             await self._listener.aclose()
             await self._signals.aclose()
@@ -595,8 +609,96 @@ class Client:
         return PollWaiter(self.backoff)
 
     def _renew_batch(self, script: str, items: list[Any], lease: float) -> asyncio.Future[Any]:
+        """Renew ``items`` (to last at least ``lease`` seconds) in one script call.
+
+        A hold found alive is confirmed for the current connection epoch, if
+        no connection was lost between the call and its reply.
+        """
         keys = tuple(item.renew_key for item in items)
         args: list[Any] = [to_ms(lease)]
         for item in items:
             args.extend(item.renew_args)
-        return asyncio.ensure_future(self._eval(script, keys, tuple(args), mux=self._renew_mux))
+        epoch = self._epoch
+        fut = asyncio.ensure_future(self._eval(script, keys, tuple(args), mux=self._renew_mux))
+
+        def confirm(fut: asyncio.Future[Any]) -> None:
+            if fut.cancelled() or fut.exception() is not None or self._epoch != epoch:
+                return
+            for item, alive in zip(items, fut.result(), strict=False):
+                if alive == 1 and isinstance(item, Hold):
+                    item.confirmed = epoch
+
+        fut.add_done_callback(confirm)
+        return fut
+
+    # -- connection epochs: a restart or failover may have lost every hold ---------------
+
+    def _connection_reset(self) -> None:
+        """An established connection to the server was lost: start a new epoch
+        and verify every hold as soon as the server answers again."""
+        self._epoch += 1
+        if self._closed or self._loop is None:
+            return
+        if self._verifier is None or self._verifier.done():
+            self._verifier = self._loop.create_task(
+                self._verify_holds(), name="aiolock-verify-holds"
+            )
+
+    async def _verify_holds(self) -> None:
+        """Verify every hold not confirmed in the current epoch, until none is left.
+
+        Watchdog holds are renewed (as the watchdog would); a fixed lease is
+        only checked, by the same script asked for no more than its remaining
+        time (renewals never shorten). A hold the server no longer has is
+        lost at once, not at the watchdog's next round (``lease / 3``) or at
+        the fixed lease's end. A round that fails (the server is still down)
+        is retried with backoff; the watchdog and the fixed leases' timers
+        still mark holds lost at their expiry meanwhile.
+        """
+        delay = 0.05
+        while not self._closed:
+            now = self._loop_time()
+            epoch = self._epoch
+            holds = [
+                h
+                for state in list(self._states.values())
+                for h in state.holds()
+                if h.confirmed != epoch and not h.lost and (h.watchdog or h.expires_at > now)
+            ]
+            if not holds:
+                return
+            if not await self._verify_round(holds, now) and self._epoch == epoch:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def _verify_round(self, holds: list[Hold], sent: float) -> bool:
+        """One verification of ``holds``; False if some call failed."""
+        from ._watchdog import plan_batches
+
+        calls: list[tuple[list[Hold], float | None, asyncio.Future[Any]]] = []
+        by_script: dict[str, list[Hold]] = {}
+        for hold in holds:
+            if hold.watchdog:
+                by_script.setdefault(hold.renew_script, []).append(hold)
+            else:
+                fut = self._renew_batch(hold.renew_script, [hold], hold.expires_at - sent)
+                calls.append(([hold], None, fut))
+        for script, group in by_script.items():
+            for batch in plan_batches(group):
+                calls.append((batch, self.lease, self._renew_batch(script, batch, self.lease)))
+        results = await asyncio.gather(*(fut for _, _, fut in calls), return_exceptions=True)
+        current = {h for state in list(self._states.values()) for h in state.holds()}
+        ok = True
+        for (batch, lease, _), result in zip(calls, results, strict=True):
+            if isinstance(result, BaseException):
+                ok = False
+                continue
+            for hold, alive in zip(batch, result, strict=False):
+                if alive == 1:
+                    if lease is not None:
+                        hold.renewed(sent, lease)
+                elif hold in current and hold.releasing is None:
+                    hold.mark_lost(
+                        "the server no longer has the hold (lost on a restart or failover)"
+                    )
+        return ok

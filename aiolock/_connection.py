@@ -74,10 +74,14 @@ class CommandConnection:
         *,
         command_timeout: float,
         on_connect: Callable[[], Iterable[tuple[Any, ...]]] = tuple,
+        on_reset: Callable[[], None] | None = None,
     ) -> None:
         self._factory = factory
         self._command_timeout = command_timeout
         self._on_connect = on_connect
+        # Called when an established connection is lost (not on close): the
+        # server behind the next one may have lost every key (a restart).
+        self._on_reset = on_reset
         self._conn: AbstractConnection | None = None
         self._writer: asyncio.StreamWriter | None = None
         # Futures of commands on the wire, in send order, with their orphan
@@ -293,6 +297,8 @@ class CommandConnection:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if conn is not None and not self._closed and self._on_reset is not None:
+            self._on_reset()
         pending, self._pending = self._pending, deque()
         error = from_redis(error)
         if self._idle is not None and not self._idle.done():

@@ -41,6 +41,7 @@ class Hold:
         "__weakref__",
         "callbacks",
         "client",
+        "confirmed",
         "contexts",
         "expires_at",
         "lease",
@@ -95,6 +96,10 @@ class Hold:
         # Fencing tokens after this one that this Client reserved in Redis and
         # may hand to its next local holders without a round trip.
         self.reserve = 0
+        # The Client's connection epoch (Client._epoch) in which the server last
+        # confirmed this hold (its grant or a renewal); -1: never. Reserved
+        # tokens are handed out locally only while it is the current epoch.
+        self.confirmed = -1
         self.leases: list[Lease] = []
         self.lost_reason: str | None = None
         self.callbacks: list[LostCallback] = []

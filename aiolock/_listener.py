@@ -247,6 +247,8 @@ class Listener:
         self._closed = False
         self._ping_outstanding = False
         self.connects = 0
+        # Called when an established pub/sub connection is lost (not on close).
+        self.on_reset: Callable[[], None] | None = None
 
     # -- public to the Client ---------------------------------------------------
 
@@ -381,6 +383,8 @@ class Listener:
                     channel.set_confirmed(False)
                     channel.resync = True
                 self._expect.clear()
+                if self._conn is not None and not self._closed and self.on_reset is not None:
+                    self.on_reset()
                 await self._disconnect()
 
     async def _session(self) -> None:

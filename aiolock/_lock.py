@@ -61,9 +61,12 @@ class LocalQueue:
     * without a round trip, if both use watchdog leases and the hold still
       has fencing tokens reserved (each acquisition in Redis reserves
       ``TOKEN_RESERVE`` consecutive tokens for this Client, so tokens keep
-      increasing strictly whoever gets the next one); the hold in Redis
-      stays as it is (same owner entry, same TTL), which is the same lock
-      held by the same Client;
+      increasing strictly whoever gets the next one), and the server
+      confirmed the hold since the Client's connections were last
+      (re)established (``Hold.confirmed``: after a restart that lost the
+      hold, its release goes to Redis, which finds it gone); the hold in
+      Redis stays as it is (same owner entry, same TTL), which is the same
+      lock held by the same Client;
     * otherwise with one script call that releases and re-grants the lock
       to that task (new tokens, its lease).
 
@@ -100,9 +103,9 @@ class LocalQueue:
         # This Client's entry in the lock's waiting set in Redis, if it may
         # have one ("" if not; see scripts/_wake.lua).
         self.member = ""
-        # A grant to that entry, received but not taken up yet:
-        # (token, tokens reserved, member, when it arrived).
-        self.grant: tuple[int, int, str, float] | None = None
+        # A grant to that entry, received but not taken up yet: (token,
+        # tokens reserved, member, when it arrived, connection epoch then).
+        self.grant: tuple[int, int, str, float, int] | None = None
         # FIFO of waiting turns. A turn whose task gave up stays in it, dead
         # (its future is done), until it reaches the head: removal is O(1)
         # for each of the 100,000 waiters cancelled at once.
@@ -219,6 +222,7 @@ class LocalQueue:
             and hold.watchdog
             and turn.lease is None
             and self.handoffs < COHORT_BOUND
+            and hold.confirmed == client._epoch
         ):
             return self._pass_locally(hold, turn, loop)
         outcome = Outcome(loop=loop)
@@ -226,6 +230,7 @@ class LocalQueue:
         next_owner = client.owner(turn.task)
         next_lease = client.lease if turn.lease is None else turn.lease
         sent = loop.time()
+        epoch = client._epoch
         args = (
             hold.release_args[0],  # the hold's entry in Redis (after local passes,
             hold.release_args[1],  # not its own fencing token)
@@ -246,7 +251,10 @@ class LocalQueue:
             if code == 1:
                 if checked_others:
                     self.handoffs = 0  # nobody else waits: a new cohort round may begin
-                self._handed(hold, outcome, turn, next_owner, int(result[1]), next_lease, sent)
+                confirmed = epoch if client._epoch == epoch else -1
+                self._handed(
+                    hold, outcome, turn, next_owner, int(result[1]), next_lease, sent, confirmed
+                )
             else:
                 if code == 2:
                     self.yield_next = True
@@ -275,6 +283,7 @@ class LocalQueue:
             redis_identity=hold,
         )
         new.reserve = hold.reserve - 1
+        new.confirmed = hold.confirmed  # the same hold in Redis
         _take(self.queue, turn)
         turn.fut.set_result(new)
         done = Outcome(loop=loop)
@@ -290,6 +299,7 @@ class LocalQueue:
         token: int,
         lease_s: float,
         sent: float,
+        confirmed: int,
     ) -> None:
         assert self.lock is not None
         hold.on_detach = None  # the lock stays busy: no pass_turn
@@ -298,6 +308,7 @@ class LocalQueue:
         self.handoffs += 1
         new = self.lock._install(self, turn.task, owner, token, turn.lease, lease_s, sent)
         new.reserve = TOKEN_RESERVE - 1
+        new.confirmed = confirmed
         if not outcome.done():
             outcome.set_result(1)
         if turn.fut.done():
@@ -347,20 +358,22 @@ class LocalQueue:
         released by leave(), and the message is stale."""
         try:
             _, token, reserve, member = message.decode().split(" ", 3)
-            grant = (int(token), int(reserve), member, self.client._loop_time())
+            client = self.client
+            grant = (int(token), int(reserve), member, client._loop_time(), client._epoch)
         except ValueError:
             return
         if member == self.member:
             self.grant = grant
 
-    def take_grant(self, member: str) -> tuple[int, int, float] | None:
-        """The grant to ``member``, if one arrived: (token, reserve, arrival time)."""
+    def take_grant(self, member: str) -> tuple[int, int, float, int] | None:
+        """The grant to ``member``, if one arrived: (token, reserve, arrival
+        time, the connection epoch it arrived in)."""
         grant = self.grant
         if grant is None or grant[2] != member or self.member != member:
             return None
         self.grant = None
         self.member = ""
-        return grant[0], grant[1], grant[3]
+        return grant[0], grant[1], grant[3], grant[4]
 
     def leave(self) -> asyncio.Future[Any] | None:
         """Take this Client out of the lock's waiting set in Redis, if it may be
@@ -453,7 +466,12 @@ class AsyncLock(SingleHolder):
       waiter behind; a cancelled release still completes; ``async with``
       releases when its body raised or was cancelled.
     * **Fencing:** every fresh acquisition gets a token strictly greater than
-      every token issued before for this name.
+      every token issued before for this name; a token handed to a local
+      waiter without a round trip is never lower than one the server issued
+      since (see the README on restarts and failovers).
+    * **Restarts:** when a connection to the server is lost, every hold is
+      checked as soon as the server answers again; a hold it no longer has
+      is lost at once.
     """
 
     __slots__ = (
@@ -556,10 +574,12 @@ class AsyncLock(SingleHolder):
         member = f"{owner}|{attempt_id}|{client._lease_ms if lease is None else 0}"
         undo = functools.partial(_undo_acquire, client, self._keys, owner, self._channel)
         script = self._acquire_script
-        granted: tuple[int, int, float] | None = None
+        granted: tuple[int, int, float, int] | None = None
+        # The connection epoch in which the server granted the hold (-1: unknown).
+        confirmed = -1
 
         async def attempt() -> tuple[int | None, float | None]:
-            nonlocal granted
+            nonlocal granted, confirmed
             granted = state.take_grant(member)
             if granted is not None:
                 return granted[0], None  # granted by a release: no round trip
@@ -567,9 +587,11 @@ class AsyncLock(SingleHolder):
             may_wait = targeted and (deadline is None or deadline > loop.time())
             prev = state.registered(member if may_wait else "")
             args = (*base, member if may_wait else "", client._lease_ms, prev)
+            epoch = client._epoch
             reply = await client._eval(script, keys, args, undo)
             if reply[0] == 1:
                 state.registered("")
+                confirmed = epoch if client._epoch == epoch else -1
                 return int(reply[1]), None
             granted = state.take_grant(member)  # granted while the try was on the wire
             if granted is not None:
@@ -590,9 +612,10 @@ class AsyncLock(SingleHolder):
         if granted is not None:
             # The lease runs from the grant's arrival (the release ran a
             # one-way trip earlier; the watchdog renews long before it matters).
-            _, reserve, sent = granted
+            _, reserve, sent, confirmed = granted
         hold = self._install(state, task, owner, token, lease, lease_s, sent)
         hold.reserve = reserve - 1
+        hold.confirmed = confirmed
         return hold
 
     def _targeted_waiter(self) -> Waiter:

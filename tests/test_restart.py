@@ -1,0 +1,246 @@
+"""A server restart that loses every key: holds are reported lost at once, and
+a Client never hands out, without a round trip, a fencing token from a hold
+the server has not confirmed since the Client's connections were re-established
+(DESIGN: fencing tokens)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from aiolock import Client, Lease, LockLostError, LockNotOwnedError
+from tests.core_util import assert_clean, evalsha_calls, eventually
+from tests.servers import ServerProcess
+
+#: Long enough that the watchdog's first round (lease / 3 = 10 s after the
+#: acquisition) cannot be what notices anything in these tests.
+LEASE = 30.0
+
+
+async def test_restart_never_hands_a_local_waiter_a_lower_token(
+    fresh_server: ServerProcess,
+) -> None:
+    """The issue's reproduction: A's t1 holds x, A's t2 waits locally; the server
+    restarts empty; B acquires x; then t1 releases. t1 must learn its lease is
+    lost, and t2 must never hold x while B does, nor with a token below B's."""
+    async with (
+        Client.from_url(fresh_server.url, prefix="rs", lease=LEASE) as a,
+        Client.from_url(fresh_server.url, prefix="rs", lease=LEASE) as b,
+    ):
+        lock_a, lock_b = a.lock("x"), b.lock("x")
+        await lock_b.is_locked()  # B is connected before the restart, like A
+        first = await lock_a.acquire()
+        # Who holds x, in the order they got it: (who, token); "-who" when it left.
+        log: list[tuple[str, int]] = []
+        inside: set[str] = set()
+
+        def enter(who: str, lease: Lease) -> None:
+            assert not inside, f"{who} got x while {inside} held it"
+            inside.add(who)
+            log.append((who, lease.fencing_token))
+
+        def leave(who: str) -> None:
+            inside.discard(who)
+
+        async def t2() -> int:
+            lease = await lock_a.acquire()
+            enter("t2", lease)
+            await asyncio.sleep(0.05)
+            leave("t2")
+            await lease.release()
+            return lease.fencing_token
+
+        waiter = asyncio.create_task(t2())
+        state = a._states[lock_a._key]
+        await eventually(lambda: state.live == 1, what="t2 to queue behind t1 locally")
+
+        fresh_server.restart()  # every key gone, fence counters too
+
+        held_b = await asyncio.wait_for(lock_b.acquire(), 20)
+        enter("B", held_b)
+        with pytest.raises(LockNotOwnedError):
+            await first.release()
+        assert first.lost, "t1's lease is reported lost"
+        # A buggy local handoff gives t2 the lock within a loop turn of t1's
+        # release; give it far more than that to show itself.
+        await asyncio.sleep(0.5)
+        leave("B")
+        await held_b.release()
+        t2_token = await asyncio.wait_for(waiter, 20)
+
+        assert {who for who, _ in log} == {"t2", "B"}
+        tokens = [token for _, token in log]
+        assert tokens == sorted(tokens) and len(set(tokens)) == 2, (
+            f"tokens rise in the order x was held: {log}"
+        )
+        assert t2_token > first.fencing_token
+        await assert_clean(a, b)
+
+
+async def test_restart_reports_every_hold_lost_at_once(fresh_server: ServerProcess) -> None:
+    """After the reconnect every hold is checked at once: a watchdog hold is lost
+    before the watchdog's first round, a fixed lease long before it runs out,
+    and an ``async with`` body is cancelled with LockLostError."""
+    async with Client.from_url(fresh_server.url, prefix="rs", lease=LEASE) as a:
+        renewed = await a.lock("w").acquire()
+        fixed = await a.lock("f").acquire(lease=120)
+        rounds_at_loss: list[int] = []
+        renewed.on_lost(lambda _: rounds_at_loss.append(a._watchdog.rounds))
+        fixed_lost = asyncio.Event()
+        fixed.on_lost(lambda _: fixed_lost.set())
+        in_body = asyncio.Event()
+
+        async def body() -> None:
+            async with a.lock("b"):
+                in_body.set()
+                await asyncio.Event().wait()  # until the lease is lost
+
+        task = asyncio.create_task(body())
+        await in_body.wait()
+
+        fresh_server.restart()
+
+        with pytest.raises(LockLostError):
+            await asyncio.wait_for(task, 60)
+        await asyncio.wait_for(fixed_lost.wait(), 60)  # its own expiry is 120 s away
+        await eventually(lambda: renewed.lost, timeout=60, what="the watchdog hold lost")
+        assert rounds_at_loss == [0], "found lost by the check after the reconnect, not by a round"
+        for lease in (renewed, fixed):
+            with pytest.raises(LockNotOwnedError):
+                await lease.release()
+        await assert_clean(a)
+
+
+async def test_healthy_reconnect_keeps_holds_and_free_local_handoffs(
+    fresh_server: ServerProcess,
+) -> None:
+    """Connections killed, data intact: the holds are verified at once (the
+    watchdog hold renewed, the fixed lease left as it was), none is lost, and
+    the lock passes to a local waiter without a round trip again."""
+    async with Client.from_url(fresh_server.url, prefix="rs", lease=LEASE) as a:
+        lock = a.lock("h")
+        first = await lock.acquire()
+        fixed = await a.lock("f").acquire(lease=120)
+        # As if 10 s of the lease had passed (and the watchdog were late).
+        fresh_server.execute("PEXPIRE", "rs:{h}", 20_000)
+        fixed_ttl = int(fresh_server.execute("PTTL", "rs:{f}"))
+
+        assert fresh_server.kill_normal_clients() >= 1
+
+        def renewed() -> bool:
+            return int(fresh_server.execute("PTTL", "rs:{h}")) > 25_000
+
+        await eventually(renewed, timeout=60, what="the hold renewed after the reconnect")
+        assert a._watchdog.rounds == 0, "renewed by the check after the reconnect, not a round"
+        assert 0 < int(fresh_server.execute("PTTL", "rs:{f}")) <= fixed_ttl, "never extended"
+        assert not first.lost and not fixed.lost
+        await eventually(lambda: a._verifier is not None and a._verifier.done())
+
+        waiter = asyncio.create_task(lock.acquire())
+        state = a._states[lock._key]
+        await eventually(lambda: state.live == 1, what="the waiter to queue locally")
+        calls = evalsha_calls(fresh_server)
+        await first.release()
+        second = await asyncio.wait_for(waiter, 20)
+        assert evalsha_calls(fresh_server) == calls, "the local handoff made a round trip"
+        assert second.fencing_token == first.fencing_token + 1
+        await second.release()
+        await fixed.release()
+        await assert_clean(a)
+
+
+async def test_release_before_the_check_goes_to_the_server(fresh_server: ServerProcess) -> None:
+    """t1 releases as soon as the Client sees its connection drop, before any
+    check could have answered: the lock is not passed to t2 locally (t1's hold
+    was not confirmed since), so the release finds the hold gone (t1's lease is
+    lost) and t2 gets x from the server, really held there."""
+    async with Client.from_url(fresh_server.url, prefix="rs", lease=LEASE) as a:
+        lock = a.lock("x")
+        first = await lock.acquire()
+        waiter = asyncio.create_task(lock.acquire())
+        state = a._states[lock._key]
+        await eventually(lambda: state.live == 1, what="t2 to queue behind t1 locally")
+        epoch = a._epoch
+        loop = asyncio.get_running_loop()
+
+        fresh_server.restart()
+
+        deadline = loop.time() + 20
+        while a._epoch == epoch:  # the drop is seen; nothing was sent since
+            assert loop.time() < deadline, "the Client never saw its connection drop"
+            await asyncio.sleep(0)
+        with pytest.raises(LockNotOwnedError):
+            await first.release()
+        assert first.lost
+        second = await asyncio.wait_for(waiter, 20)
+        assert fresh_server.execute("EXISTS", "rs:{x}") == 1, "t2's hold is in Redis"
+        assert second.fencing_token > first.fencing_token
+        await second.release()
+        await assert_clean(a)
+
+
+async def test_pubsub_connection_loss_alone_verifies_the_holds(
+    fresh_server: ServerProcess,
+) -> None:
+    """A loss seen only by the listener (its pub/sub connection dropped, the
+    command connections untouched) starts a new epoch too: the holds are
+    checked at once."""
+    async with (
+        Client.from_url(fresh_server.url, prefix="rs", lease=LEASE) as a,
+        Client.from_url(fresh_server.url, prefix="rs", lease=LEASE) as b,
+    ):
+        held = await a.lock("h").acquire()
+        busy = await b.lock("busy").acquire()
+        waiter = asyncio.create_task(a.lock("busy").acquire())  # keeps A's listener busy
+        name = f"rs:{{busy}}:w:{a.id}".encode()  # A's channel of the lock (targeted)
+
+        def subscribed() -> bool:
+            channel = a._listener.channels.get(name)
+            return channel is not None and channel.is_confirmed
+
+        await eventually(subscribed, what="A's waiter to be subscribed")
+        fresh_server.execute("PEXPIRE", "rs:{h}", 20_000)  # as if 10 s had passed
+        epoch, connects = a._epoch, a._mux.connects
+
+        assert fresh_server.kill_pubsub_clients() >= 1
+
+        def renewed() -> bool:
+            return int(fresh_server.execute("PTTL", "rs:{h}")) > 25_000
+
+        await eventually(renewed, timeout=60, what="the hold renewed after the pub/sub loss")
+        assert a._watchdog.rounds == 0, "renewed by the check, not by a watchdog round"
+        assert a._epoch > epoch and a._mux.connects == connects
+        assert not held.lost
+        await busy.release()
+        await (await asyncio.wait_for(waiter, 20)).release()
+        await held.release()
+        await assert_clean(a, b)
+
+
+async def test_restart_reports_holds_of_every_primitive_lost_at_once(
+    fresh_server: ServerProcess,
+) -> None:
+    """The check after a reconnect covers every kind of hold, not just AsyncLock's."""
+    async with Client.from_url(fresh_server.url, prefix="rs", lease=LEASE) as a:
+        leases = [
+            await a.fair_lock("fair").acquire(),
+            await a.rw_lock("rw").write.acquire(),
+            await a.rw_lock("rr").read.acquire(),
+            await a.semaphore("sem", 2).acquire(),
+            await a.spin_lock("spin").acquire(),
+        ]
+        rounds_at_loss: list[int] = []
+        for lease in leases:
+            lease.on_lost(lambda _: rounds_at_loss.append(a._watchdog.rounds))
+
+        fresh_server.restart()
+
+        await eventually(
+            lambda: all(lease.lost for lease in leases), timeout=60, what="every hold lost"
+        )
+        assert rounds_at_loss == [0] * len(leases), "found by the check, not by a watchdog round"
+        for lease in leases:
+            with pytest.raises(LockNotOwnedError):
+                await lease.release()
+        await assert_clean(a)
