@@ -229,6 +229,11 @@ class Lease:
         released. Raises LockNotOwnedError if the lease was lost (the hold is
         forgotten locally all the same). If the calling task is cancelled
         while the release is on the wire, the release still completes.
+
+        If Redis refuses the release because a key of this name holds a value
+        aiolock did not write (WRONGTYPE), nothing changed: the error is
+        raised, and the lease is still held (and renewed, if the watchdog
+        renews it). Delete that key and release again.
         """
         outcome = self._begin_release()
         if outcome is not None:
