@@ -25,6 +25,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from aiolock import Client
+from tests.core_util import eventually
 
 # Every key of a name "n" (prefix "t") is "t:{n}" + suffix.
 EXPECTED = {  # suffix -> the type aiolock keeps there
@@ -65,6 +66,24 @@ async def _plain_acquire_busy(c: Client, o: Client) -> Op:
 async def _plain_release(c: Client, o: Client) -> Op:
     lease = await c.lock("n").acquire(lease=HOLD)
     return lease.release
+
+
+async def _plain_release_handoff(c: Client, o: Client) -> Op:
+    """Another task of the Client waits with a fixed lease: the release is a handoff."""
+    lock = c.lock("n")
+    lease = await lock.acquire(lease=HOLD)
+    waiter = asyncio.create_task(lock.acquire(lease=HOLD))
+    await eventually(lambda: c.statistics().waiting == 1, what="the local waiter")
+
+    async def op() -> None:
+        try:
+            await lease.release()
+        finally:
+            assert not waiter.done()  # the lock stayed ours: nothing was handed over
+            waiter.cancel()
+            await asyncio.gather(waiter, return_exceptions=True)
+
+    return op
 
 
 async def _plain_force_release(c: Client, o: Client) -> Op:
@@ -179,6 +198,7 @@ CASES = [
     Case("lock-acquire-free", "n", (":fence", ":wq"), _plain_acquire_free),
     Case("lock-acquire-busy", "n", (":fence", ":wq"), _plain_acquire_busy),
     Case("lock-release", "n", LOCK_RELEASE, _plain_release),
+    Case("lock-release-handoff", "n", LOCK_RELEASE, _plain_release_handoff),
     Case("lock-force_release", "n", LOCK_RELEASE, _plain_force_release),
     Case("spin-acquire", "n", (":fence", ":wq"), _spin_acquire),
     Case("spin-release", "n", LOCK_RELEASE, _spin_release),
@@ -298,24 +318,48 @@ async def test_refused_command_changes_nothing(
     assert names_key(info.value, key), f"the error does not name {key}: {info.value!r}"
     await settled(client, other)
     assert await snapshot(admin) == before
+    assert client.statistics().waiting == 0  # a refused acquire leaves no waiter
 
 
-async def test_refused_release_keeps_the_hold(client: Client, admin: aioredis.Redis) -> None:
+@pytest.mark.parametrize("local_waiter", [False, True], ids=["release", "handoff"])
+async def test_refused_release_keeps_the_hold(
+    url: str, admin: aioredis.Redis, local_waiter: bool
+) -> None:
     """The hold stays the caller's, in Redis and in the Client: the watchdog
-    still renews it, and once the key is fixed the release goes through."""
+    still renews it, and once the key is fixed the release goes through (with
+    another task of the Client waiting, the release is a handoff to it)."""
+    async with Client.from_url(url, prefix="t", lease=1.5) as client:
+        await _refused_release_keeps_the_hold(client, admin, local_waiter)
+
+
+async def _refused_release_keeps_the_hold(
+    client: Client, admin: aioredis.Redis, local_waiter: bool
+) -> None:
     lock = client.lock("n")
     lease = await lock.acquire()
+    waiter = asyncio.create_task(lock.acquire(lease=HOLD)) if local_waiter else None
+    if waiter is not None:
+        await eventually(lambda: client.statistics().waiting == 1, what="the local waiter")
     await admin.set("t:{n}:fence", "planted")
     with pytest.raises(Exception) as info:  # any error for now: typed by the errors work
         await lease.release()
     assert names_key(info.value, "t:{n}:fence")
     await settled(client)
     assert not lease.lost and not lease.released
-    assert client.statistics().holds == 1
     assert await lock.is_owned()
+    assert waiter is None or not waiter.done()
+    expiry = await admin.execute_command("PEXPIRETIME", "t:{n}")
+    rounds = client._watchdog.rounds
+    await eventually(lambda: client._watchdog.rounds >= rounds + 2, what="2 renewal rounds")
+    assert await admin.execute_command("PEXPIRETIME", "t:{n}") > expiry  # still renewed
+    assert not lease.lost
     await admin.delete("t:{n}:fence")
     await lease.release()
     assert lease.released
+    if waiter is not None:
+        handed = await asyncio.wait_for(waiter, 10)
+        assert await admin.hexists("t:{n}", handed._hold.owner)
+        await handed.release()
     assert await admin.exists("t:{n}") == 0
 
 
