@@ -403,3 +403,82 @@ async def test_batch_renewal_skips_a_key_of_another_type(
     assert [int(x) for x in reply] == [0, 1]
     assert await admin.pttl("t:{kept}") > HOLD * 1000
     assert await admin.type("t:{gone}") == planted.encode()
+
+
+# Scripts the operations above do not reach (or only on rare paths), run directly.
+# (script, key suffixes in KEYS order, ARGV, a state that gives it something to write)
+DIRECT: list[tuple[str, tuple[str, ...], tuple[Any, ...], tuple[tuple[Any, ...], ...]]] = [
+    (
+        "unwait",
+        ("", ":fence", ":signal", ":wq"),
+        ("ab:1|7|0", 60000, "t:{d}:ch"),
+        (("ZADD", "t:{d}:wq", 2**40, "ab:1|7|0"),),
+    ),
+    (
+        "fair_leave",
+        ("", ":fence", ":q"),
+        ("ab:1:1:60000:30000:l", 60000, "t:{d}:ch:", "t:{d}:sig:"),
+        (("ZADD", "t:{d}:q", 1, "ab:1:1:60000:30000:l", -(2**40), "~ab"),),
+    ),
+    (
+        "rw_unwait",
+        (":wq", "", ":rq", ":signal", ":wsignal"),
+        ("ab:1#n1", "t:{d}:ch", "t:{d}:wch"),
+        (("ZADD", "t:{d}:wq", 2**40, "ab:1#n1"), ("ZADD", "t:{d}:rq", 2**40, "cd")),
+    ),
+    ("sem_state", ("", ":h", ":signal"), (3, 60000, "t:{d}:ch"), ()),
+    ("latch_set", ("",), (2, 60000), ()),
+    ("latch_check", ("",), (60000,), ()),
+]
+
+
+@pytest.mark.parametrize(
+    ("script", "suffixes", "args", "state", "bad"),
+    [
+        pytest.param(script, suffixes, args, state, i, id=f"{script}-{suffixes[i] or 'main'}")
+        for script, suffixes, args, state in DIRECT
+        for i in range(len(suffixes))
+    ],
+)
+async def test_refused_script_changes_nothing(
+    client: Client,
+    admin: aioredis.Redis,
+    script: str,
+    suffixes: tuple[str, ...],
+    args: tuple[Any, ...],
+    state: tuple[tuple[Any, ...], ...],
+    bad: int,
+) -> None:
+    for command in state:
+        await admin.execute_command(*command)
+    keys = tuple(f"t:{{d}}{suffix}" for suffix in suffixes)
+    await admin.delete(keys[bad])
+    await plant(admin, keys[bad], "string")
+    before = await snapshot(admin)
+    with pytest.raises(Exception) as info:  # any error for now: typed by the errors work
+        await client._eval(script, keys, args)
+    assert names_key(info.value, keys[bad])
+    assert await snapshot(admin) == before
+
+
+# The batch renewals never fail: (script, ARGV after lease_ms for two entries).
+RENEWALS = [
+    ("renew", ("ab:1", "1", "ab:2", "2")),
+    ("fair_renew", ("ab:1:1:1:1:p", "1", "ab:2:1:1:1:p", "2")),
+    ("rw_renew", ("w", "ab:1", "1", "r", "ab:2", "2")),
+    ("sem_renew", ("1|ab", "1|cd")),
+    ("fair_live", ("ab", "cd")),
+    ("rw_renew_wait", ("ab:1#n", "ab:2#n")),
+]
+
+
+@pytest.mark.parametrize(("script", "args"), RENEWALS, ids=[r[0] for r in RENEWALS])
+async def test_renewal_never_fails_on_a_key_of_another_type(
+    client: Client, admin: aioredis.Redis, script: str, args: tuple[str, ...]
+) -> None:
+    await admin.set("t:{x}", "planted")
+    await admin.rpush("t:{y}", "planted")
+    before = await snapshot(admin)
+    reply = await client._eval(script, ("t:{x}", "t:{y}"), (60000, *args))
+    assert [int(x) for x in reply] == [0, 0]
+    assert await snapshot(admin) == before
