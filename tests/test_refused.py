@@ -25,6 +25,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from aiolock import Client
+from aiolock._scripts import Script, script_names
 from tests.core_util import eventually
 
 # Every key of a name "n" (prefix "t") is "t:{n}" + suffix.
@@ -482,3 +483,18 @@ async def test_renewal_never_fails_on_a_key_of_another_type(
     reply = await client._eval(script, ("t:{x}", "t:{y}"), (60000, *args))
     assert [int(x) for x in reply] == [0, 0]
     assert await snapshot(admin) == before
+
+
+# Scripts that only read (their snippets' write helpers are never called).
+READ_ONLY = {"owned", "fair_owned", "rw_owned", "rw_state"}
+
+
+@pytest.mark.parametrize("name", sorted(set(script_names()) - READ_ONLY))
+def test_every_writing_script_checks_its_keys_first(name: str) -> None:
+    """A script that writes checks its keys' types before any code of its own
+    runs (check_types / check_all), or never fails on them (is_type)."""
+    source = Script.from_file(name).source
+    body = source[source.index("local function is_type") :]
+    body = body[body.index("\nend\n") + 5 :]  # the script's own code, after the snippets
+    first = body.lstrip().splitlines()[0] if "is_type(" not in body else "is_type"
+    assert first.startswith(("check_types(KEYS", "check_all(KEYS")) or first == "is_type", name
