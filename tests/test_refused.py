@@ -498,3 +498,23 @@ def test_every_writing_script_checks_its_keys_first(name: str) -> None:
     body = body[body.index("\nend\n") + 5 :]  # the script's own code, after the snippets
     first = body.lstrip().splitlines()[0] if "is_type(" not in body else "is_type"
     assert first.startswith(("check_types(KEYS", "check_all(KEYS")) or first == "is_type", name
+
+
+async def test_fair_handoff_skips_a_signal_key_of_another_type(
+    client: Client, admin: aioredis.Redis
+) -> None:
+    """The list-mode signal key of the Client a fair lock is handed to is only
+    known after the release's first write: a value of another type there is
+    skipped (that Client is not told), the release goes through."""
+    holder, waiter = "aa:1:1:60000:30000:p", "bb:1:1:60000:30000:l"
+    await admin.hset("t:{f}", mapping={holder: 1, "~fence": 5})
+    await admin.zadd("t:{f}:q", {waiter: 1, "~bb": -(2**45)})
+    await admin.set("t:{f}:sig:bb", "planted")
+    code = await client._eval(
+        "fair_release",
+        ("t:{f}", "t:{f}:fence", "t:{f}:q"),
+        (holder, 5, 60000, "t:{f}:ch:", "t:{f}:sig:"),
+    )
+    assert int(code) == 1
+    assert await admin.hexists("t:{f}", waiter)  # handed over
+    assert await admin.get("t:{f}:sig:bb") == b"planted"
