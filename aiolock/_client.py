@@ -38,7 +38,7 @@ from ._listener import Listener
 from ._lock import AsyncLock
 from ._notify import Backoff, ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
 from ._owner import task_serial
-from ._scripts import Script, load_scripts
+from ._scripts import Script, load_scripts, refused
 from ._validate import check_lease, check_prefix, check_seconds, to_ms
 from ._watchdog import Watchdog
 
@@ -557,8 +557,14 @@ class Client:
         try:
             code = int(await self._retry(script, keys, args))
         except BaseException as exc:
-            # Give up: stop renewing, so the hold expires by itself within one lease.
             hold.releasing = None
+            if refused(exc):
+                # Nothing changed: the hold is still ours (and still renewed);
+                # the caller may release again once the key is fixed.
+                if not outcome.done():
+                    outcome.set_exception(exc)
+                return
+            # Give up: stop renewing, so the hold expires by itself within one lease.
             hold.mark_lost(f"release failed: {exc!r}")
             if not outcome.done():
                 outcome.set_exception(exc)

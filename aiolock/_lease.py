@@ -238,6 +238,11 @@ class Lease:
         A release that cannot reach Redis is retried for a second or two,
         then raises ConnectionFailedError: the lease is then lost (no longer
         renewed) and the lock frees itself when its TTL runs out.
+
+        If Redis refuses the release because a key of this name holds a value
+        aiolock did not write (WrongTypeError), nothing changed: the error is
+        raised, and the lease is still held (and renewed, if the watchdog
+        renews it). Delete that key and release again.
         """
         outcome = self._begin_release()
         if outcome is not None:

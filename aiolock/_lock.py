@@ -15,6 +15,7 @@ from ._futures import Outcome, expire
 from ._lease import Hold, Lease
 from ._notify import PubSubWaiter
 from ._primitive import SingleHolder, _Entry, compete, ttl_hint
+from ._scripts import refused
 from ._validate import to_ms
 
 if TYPE_CHECKING:
@@ -337,7 +338,8 @@ class LocalQueue:
             )
         except BaseException as exc:
             hold.releasing = None
-            hold.mark_lost(f"release failed: {exc!r}")
+            if not refused(exc):  # refused: nothing changed, the hold is still ours
+                hold.mark_lost(f"release failed: {exc!r}")
             if not outcome.done():
                 outcome.set_exception(exc)
             if isinstance(exc, asyncio.CancelledError):

@@ -6,6 +6,11 @@ snippet that two others include appears once), so a snippet shared by
 several scripts (the fencing counter) is written once. Script objects belong
 to one Client: it loads them with SCRIPT LOAD on first use, runs them with
 EVALSHA, and reloads on NOSCRIPT (after a restart, a failover or SCRIPT FLUSH).
+
+A refused command changes nothing: every script that writes checks the type
+of each key it touches before its first write (``_types.lua``) and fails with
+a ``WRONGTYPE aiolock: key <key> holds a ...`` error when one holds a value of
+another type (Redis keeps the writes a script made before an error).
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import hashlib
 from dataclasses import dataclass
 from importlib import resources
 
-__all__ = ["Script", "load_scripts", "script_names"]
+from ._errors import WrongTypeError
+
+__all__ = ["Script", "load_scripts", "refused", "script_names"]
 
 
 @functools.cache
@@ -64,3 +71,10 @@ def script_names() -> list[str]:
 def load_scripts(*names: str) -> dict[str, Script]:
     """Fresh Script objects for one Client (all of them when no name is given)."""
     return {name: Script.from_file(name) for name in names or script_names()}
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether Redis refused a script (or a command) with WRONGTYPE: a key
+    holds a value of another type than aiolock keeps there. Scripts check
+    their keys' types before their first write, so nothing changed."""
+    return isinstance(exc, WrongTypeError)

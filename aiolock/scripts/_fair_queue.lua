@@ -24,6 +24,8 @@
 -- Client being told is computed here from the wid: who that is only becomes
 -- known inside the script, so it cannot be passed in KEYS. It carries the same
 -- hash tag as KEYS[1], hence lives in the same cluster slot.
+-- Its type cannot be checked before the first write: a value of another type
+-- there is skipped (that Client is not told), never failed on.
 --
 -- Messages (payloads): "<wid>" = the lock was handed to wid; confirm it now.
 -- "<wid> <ms>" = a hold was handed to a waiter of another Client just ahead of
@@ -83,6 +85,12 @@ local function fair_signal(mode, ch_prefix, sig_prefix, cid, payload, keep_ms)
         redis.call('PUBLISH', ch_prefix .. cid, payload)
     elseif mode == 'l' then
         local key = sig_prefix .. cid -- undeclared, same slot: see the header
+        local found = redis.call('TYPE', key)['ok']
+        if found ~= 'list' and found ~= 'none' then
+            -- Not ours (the caller wrote already: it must not fail now). That
+            -- Client's own BLPOP on the key fails and reports it.
+            return
+        end
         redis.call('RPUSH', key, payload)
         redis.call('LTRIM', key, -64, -1)
         redis.call('PEXPIRE', key, math.max(10000, keep_ms))

@@ -36,6 +36,8 @@
 -- The client keeps re-entry counts locally, so the hold count in Redis is 1.
 --@include _fence.lua
 --@include _wake.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'hash', 'zset')
 local lock, fence, wq = KEYS[1], KEYS[2], KEYS[3]
 -- A fresh hold for the owner; `replace`: in place of the hash's content
 -- (keeping its "~n").

@@ -21,6 +21,8 @@
 --   live for live_ms more. A free lock with a live waiter ahead of wid is
 --   handed to that waiter here.
 --@include _fair_queue.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'hash', 'zset')
 local lock, fence, q = KEYS[1], KEYS[2], KEYS[3]
 local wid = ARGV[1]
 if redis.call('HEXISTS', lock, wid) == 1 then

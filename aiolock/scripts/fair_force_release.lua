@@ -11,6 +11,8 @@
 -- Returns 1 if a hold was deleted, 0 if the lock was free. The evicted hold is
 -- not recorded as released, so its owner's release reports "not owned".
 --@include _fair_queue.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'hash', 'zset')
 local deleted = redis.call('DEL', KEYS[1])
 fair_settle(KEYS[1], KEYS[2], KEYS[3], clock_ms(), ARGV[1], ARGV[2], ARGV[3])
 return deleted

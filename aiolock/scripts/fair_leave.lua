@@ -13,6 +13,8 @@
 -- Returns 1 if wid was queued or held the lock, 0 if it left no trace.
 -- Idempotent (a wid is used by one acquire call only).
 --@include _fair_queue.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'hash', 'zset')
 local lock, fence, q = KEYS[1], KEYS[2], KEYS[3]
 local found = redis.call('ZREM', q, ARGV[1])
 if redis.call('HEXISTS', lock, ARGV[1]) == 1 then

@@ -9,13 +9,16 @@
 -- now lasts at least lease_ms, never shortened), 0 if it had expired or the
 -- queue is gone: its entries may have been dropped, so its waiters must queue
 -- up again.
+-- Never fails on a key of another type (someone overwrote it): that one is
+-- gone (0), and the other keys of the batch are renewed all the same.
 --@include _fair_queue.lua
+--@include _types.lua
 local result = {}
 local lease_ms = tonumber(ARGV[1])
 local now = clock_ms()
 for i, q in ipairs(KEYS) do
     local cid = ARGV[1 + i]
-    local score = redis.call('ZSCORE', q, '~' .. cid)
+    local score = is_type(q, 'zset') and redis.call('ZSCORE', q, '~' .. cid)
     if score and -tonumber(score) > now then
         fair_keep_alive(q, cid, now, lease_ms)
         result[i] = 1

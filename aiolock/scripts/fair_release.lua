@@ -18,6 +18,8 @@
 -- Returns 0 if the hold is not there (expired, force-released, or taken since).
 -- In every case a free lock with a live waiter is handed over.
 --@include _fair_queue.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'hash', 'zset')
 local lock, fence, q = KEYS[1], KEYS[2], KEYS[3]
 local code = 0
 if redis.call('HEXISTS', lock, ARGV[1]) == 1 and redis.call('HGET', lock, '~fence') == ARGV[2] then

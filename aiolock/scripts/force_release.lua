@@ -14,6 +14,8 @@
 -- holder's release reports "not owned".
 --@include _notify.lua
 --@include _wake.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'list', 'zset', 'hash')
 if redis.call('DEL', KEYS[1]) == 1 then
     if not wake_next(KEYS[1], KEYS[4], KEYS[3], ARGV[2], true) then
         notify(ARGV[1], KEYS[2], '1', 1)

@@ -26,6 +26,8 @@
 -- retried plain release of the same hold answers 2 ("already released").
 --@include _notify.lua
 --@include _wake.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'hash', 'list', 'zset')
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 or redis.call('HGET', KEYS[1], '~fence') ~= ARGV[2] then
     return {0}
 end

@@ -12,6 +12,8 @@
 -- pushed 16 times. The hash lives retention_ms after its last count-down,
 -- try_set_count or waiter check.
 --@include _notify.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'list')
 local c = tonumber(redis.call('HGET', KEYS[1], 'c'))
 if not c then
     return 0

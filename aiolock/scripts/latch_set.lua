@@ -7,6 +7,8 @@
 --
 -- Returns 1 if the count was set, 0 if the latch was already counting
 -- (unchanged). The TTL is (re)set to retention_ms either way: see latch_down.
+--@include _types.lua
+check_types(KEYS, 'hash')
 if redis.call('HEXISTS', KEYS[1], 'c') == 1 then
     return 0
 end

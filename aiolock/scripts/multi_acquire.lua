@@ -18,6 +18,8 @@
 -- In Redis Cluster all names must share a slot (one hash tag); the client
 -- only sends this script for locks of one standalone server.
 --@include _fence.lua
+--@include _types.lua
+check_all(KEYS, 'hash')
 local n = #KEYS / 2
 for i = 1, n do
     local key = KEYS[2 * i - 1]

@@ -21,6 +21,8 @@
 --   taken by another owner since): nothing changes.
 --@include _notify.lua
 --@include _wake.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'hash', 'list', 'zset')
 -- One read of the hash: the owner's entry, the hold's token, the flag.
 local hold = redis.call('HMGET', KEYS[1], ARGV[1], '~fence', '~n')
 local token = ARGV[2]

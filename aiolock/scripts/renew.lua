@@ -8,12 +8,16 @@
 -- Returns an array with one integer per key: 1 if the hold was still this
 -- owner's (same token) and now has a TTL of at least lease_ms (never
 -- shortened), 0 if it is gone (expired, force-released or taken): lost.
+-- Never fails on a key of another type (someone overwrote it): that one is
+-- gone (0), and the other keys of the batch are renewed all the same.
+--@include _types.lua
 local result = {}
 local lease_ms = tonumber(ARGV[1])
 for i, key in ipairs(KEYS) do
     local owner = ARGV[2 * i]
     local token = ARGV[2 * i + 1]
-    if redis.call('HEXISTS', key, owner) == 1 and redis.call('HGET', key, '~fence') == token then
+    if is_type(key, 'hash') and redis.call('HEXISTS', key, owner) == 1
+        and redis.call('HGET', key, '~fence') == token then
         if redis.call('PTTL', key) < lease_ms then
             redis.call('PEXPIRE', key, lease_ms)
         end

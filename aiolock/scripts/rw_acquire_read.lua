@@ -21,6 +21,8 @@
 -- Raises an error if another kind of lock uses this name.
 --@include _fence.lua
 --@include _rw_common.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'hash', 'zset', 'zset')
 local key, owner, nonce = KEYS[1], ARGV[1], ARGV[5]
 if not rw_kind_ok(key) then
     return redis.error_reply(RW_WRONG_KIND)

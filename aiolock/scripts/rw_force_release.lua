@@ -14,6 +14,8 @@
 -- increasing. Wakes waiters as a release would.
 -- Returns 1 if a live hold was evicted, 0 if there was none of that kind.
 --@include _rw_common.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'zset', 'zset', 'list', 'list')
 local key, what = KEYS[1], ARGV[1]
 if not rw_kind_ok(key) then
     return redis.error_reply(RW_WRONG_KIND)

@@ -21,6 +21,8 @@
 -- Returns 2 if an earlier call released this very hold (a retry): nothing changes.
 -- Returns 0 if the owner has no such hold (expired or force-released).
 --@include _rw_common.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'list', 'zset', 'zset', 'list', 'list')
 local key, owner, token, nonce = KEYS[1], ARGV[1], ARGV[2], ARGV[5]
 if not rw_kind_ok(key) then
     return redis.error_reply(RW_WRONG_KIND)

@@ -9,15 +9,19 @@
 -- Returns one integer per key: 1 if the hold is still this owner's (same
 -- token, not expired) and now lasts at least lease_ms (never shortened), 0 if
 -- it is gone (expired, force-released): lost.
+-- Never fails on a key of another type (someone overwrote it): that one is
+-- gone (0), and the other keys of the batch are renewed all the same.
 --@include _rw_common.lua
+--@include _types.lua
 local now = clock_ms()
 local lease = tonumber(ARGV[1])
 local result = {}
 for i, key in ipairs(KEYS) do
     local kind, owner, token = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
-    local ours, field
-    if kind == 'w' then
-        field = 'wx'
+    local ours, field = false, 'wx'
+    if not is_type(key, 'hash') then -- missing, or overwritten: gone
+        ours = false
+    elseif kind == 'w' then
         ours = redis.call('HGET', key, 'w') == owner and redis.call('HGET', key, 'wt') == token
     else
         field = 'x:' .. owner

@@ -7,13 +7,19 @@
 --
 -- Returns one integer per key: 1 if the entry was still there (not expired)
 -- and now lasts at least wait_ms (never shortened), 0 if it is gone.
+-- Never fails on a key of another type (someone overwrote it): that one is
+-- gone (0), and the other keys of the batch are renewed all the same.
 --@include _rw_common.lua
+--@include _types.lua
 local now = clock_ms()
 local ms = tonumber(ARGV[1])
 local result = {}
 for i, key in ipairs(KEYS) do
     local owner = ARGV[i + 1]
-    local expiry = tonumber(redis.call('ZSCORE', key, owner) or '0')
+    local expiry = 0
+    if is_type(key, 'zset') then
+        expiry = tonumber(redis.call('ZSCORE', key, owner) or '0')
+    end
     if expiry > now then
         rw_zkeep(key, owner, now + ms, now)
         result[i] = 1

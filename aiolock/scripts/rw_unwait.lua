@@ -14,6 +14,8 @@
 -- writer is woken too (the one giving up may have taken the last wake-up).
 -- Returns 1 if the entry was there, else 0. Idempotent.
 --@include _rw_common.lua
+--@include _types.lua
+check_types(KEYS, 'zset', 'hash', 'zset', 'list', 'list')
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
     return 0
 end

@@ -32,6 +32,8 @@
 -- they retry.
 --@include _fence.lua
 --@include _sem.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'zset', 'hash', 'list')
 local main, holders = KEYS[1], KEYS[2]
 local member = ARGV[1]
 local lease_ms = tonumber(ARGV[3])

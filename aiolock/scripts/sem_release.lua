@@ -16,6 +16,8 @@
 -- Returns 0 if the member holds nothing (it expired, or never held).
 -- Either way a claim of this member (a waiter giving up) is dropped.
 --@include _sem.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'zset', 'zset', 'list')
 local main, holders, released = KEYS[1], KEYS[2], KEYS[3]
 local member = ARGV[1]
 local now = clock_ms()

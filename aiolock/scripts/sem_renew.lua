@@ -7,13 +7,16 @@
 -- Returns one integer per key: 1 if the member still holds (its expiry is now
 -- at least now + lease_ms, never shortened, and the zset lives at least as
 -- long), 0 if it is gone or already expired (lost; never revived).
+-- Never fails on a key of another type (someone overwrote it): that one is
+-- gone (0), and the other keys of the batch are renewed all the same.
 --@include _clock.lua
+--@include _types.lua
 local result = {}
 local lease_ms = tonumber(ARGV[1])
 local now = clock_ms()
 for i, key in ipairs(KEYS) do
     local member = ARGV[i + 1]
-    local score = tonumber(redis.call('ZSCORE', key, member))
+    local score = is_type(key, 'zset') and tonumber(redis.call('ZSCORE', key, member))
     if score and score > now then
         local want = now + lease_ms
         if score < want then

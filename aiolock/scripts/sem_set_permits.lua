@@ -14,6 +14,8 @@
 -- at its next try) and everyone is woken.
 -- Returns the previous N.
 --@include _sem.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'zset', 'list')
 local main, holders = KEYS[1], KEYS[2]
 local now = clock_ms()
 local old, used, freed = sem_state(main, holders, ARGV[2], now)

@@ -9,6 +9,8 @@
 --
 -- Returns {n, used}.
 --@include _sem.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'zset', 'list')
 local main, holders = KEYS[1], KEYS[2]
 local now = clock_ms()
 local n, used, freed = sem_state(main, holders, ARGV[1], now)

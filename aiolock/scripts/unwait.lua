@@ -17,6 +17,8 @@
 -- (its release will wake the next task).
 --@include _notify.lua
 --@include _wake.lua
+--@include _types.lua
+check_types(KEYS, 'hash', 'hash', 'list', 'zset')
 local lock, fence, wq = KEYS[1], KEYS[2], KEYS[4]
 redis.call('ZREM', wq, ARGV[1])
 local untargeted = false
