@@ -606,7 +606,7 @@ class _Side(Acquirable[Lease]):
             await client._eval("rw_owned", (self._core._key,), (self._kind, hold.owner, hold.token))
         )
         if left == -2:
-            hold.mark_lost("the hold was gone when checked")
+            hold.gone("the hold was gone when checked")
             return False
         return True
 
