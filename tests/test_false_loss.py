@@ -248,3 +248,45 @@ async def test_a_handoff_racing_a_renewal_is_not_a_loss(url: str, server: RedisS
         second.may_end.set()
         assert not (await second.task).lost
         await assert_clean(client)
+
+
+@pytest.mark.parametrize("kind", ["lock", "write", "read"])
+async def test_acquire_again_while_the_release_is_in_flight(
+    url: str, server: RedisServer, kind: str
+) -> None:
+    """A task whose release is still on its way (another task released its
+    lease, or its own release call was cancelled) and that acquires the same
+    lock again gets a new hold after that release, not a re-entry into the
+    hold being released (which would then be neither held nor reported lost)."""
+    async with Client.from_url(url, prefix=PREFIX, lease=LEASE) as client:
+        prim = primitive(client, kind)
+        leases: list[Lease] = []
+        held, go, again = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        async def holder() -> tuple[bool, int]:
+            leases.append(await prim.acquire())
+            held.set()
+            await go.wait()
+            leases.append(await prim.acquire())  # the same task: used to re-enter
+            again.set()
+            owned, count = await prim.is_owned(), await prim.hold_count()
+            await leases[-1].release()
+            return owned, count
+
+        task = asyncio.create_task(holder())
+        await held.wait()
+        with replies_held(client._mux):
+            releasing = asyncio.create_task(leases[0].release())  # from another task
+            await eventually(lambda: not exists(server, entry_key(kind)), what="the release run")
+            go.set()
+            # Its reply is unread: the acquire waits for it (a re-entry would not).
+            waiter = asyncio.create_task(again.wait())
+            done, _ = await asyncio.wait([waiter], timeout=0.05)
+            assert not done
+        await releasing
+        await waiter
+        owned, count = await task
+        assert owned and count == 1
+        assert leases[1].fencing_token > leases[0].fencing_token
+        assert not leases[0].lost and not leases[1].lost
+        await assert_clean(client)
