@@ -250,6 +250,50 @@ async def test_a_handoff_racing_a_renewal_is_not_a_loss(url: str, server: RedisS
         await assert_clean(client)
 
 
+async def test_a_grant_racing_a_renewal_is_not_a_loss(url: str, server: RedisServer) -> None:
+    """The release grants the lock to another Client's waiting task in Redis
+    (a new owner and token) before a renewal of the old hold, whose "gone"
+    is read first. The releasing task sees no loss; the other one holds."""
+    async with (
+        Client.from_url(url, prefix=PREFIX, lease=LEASE) as client,
+        Client.from_url(url, prefix=PREFIX, lease=LEASE) as other,
+    ):
+        watchdog = client._watchdog
+        first = Body(client.lock("res"))
+        await first.entered.wait()
+        old = first.lease._hold  # type: ignore[union-attr]
+        theirs = other.lock("res")
+        second = Body(theirs)
+
+        def parked() -> bool:
+            channel = other._listener.channels.get(theirs._wait_channel)
+            return channel is not None and channel.is_confirmed and other.statistics().waiting == 1
+
+        await eventually(parked, what="the other Client's task parked")
+        await eventually(
+            lambda: int(server.execute("ZCARD", f"{entry_key('lock')}:wq")) == 1,
+            what="its entry in the waiting set",
+        )
+        assert await watchdog.renew_all()
+        with replies_held(client._mux):
+            first.may_end.set()
+            await eventually(
+                lambda: server.execute("HEXISTS", entry_key("lock"), old.owner) == 0,
+                what="the release run",
+            )
+            assert await watchdog.renew_all()
+            assert old not in watchdog
+            assert not first.task.done()
+        lease = await first.task
+        assert not lease.lost
+        await second.entered.wait()
+        assert second.lease is not None and not second.lease.lost
+        assert second.lease.fencing_token > lease.fencing_token
+        second.may_end.set()
+        assert not (await second.task).lost
+        await assert_clean(client, other)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_fixed_lease_running_out_while_its_release_is_in_flight_is_not_a_loss(
     url: str, server: RedisServer, kind: str
