@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from aiolock import Client, Lease, LockLostError
+from aiolock import Client, Lease, LockLostError, LockNotOwnedError
 from aiolock._connection import CommandConnection
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
@@ -317,6 +317,26 @@ async def test_a_fixed_lease_running_out_while_its_release_is_in_flight_is_not_a
             assert not body.task.done()
         lease = await body.task  # used to raise LockLostError ("the fixed lease expired")
         assert not lease.lost and lease.released
+        await assert_clean(client)
+
+
+async def test_an_extend_after_the_release_is_not_a_loss(url: str, server: RedisServer) -> None:
+    """extend() sent after the lease's release (from another task) runs after it
+    in Redis and finds nothing: the extend fails, but the hold is not lost."""
+    async with Client.from_url(url, prefix=PREFIX, lease=LEASE) as client:
+        lease = await client.lock("res").acquire()
+        lost: list[Lease] = []
+        lease.on_lost(lost.append)
+        with replies_held(client._mux):
+            releasing = asyncio.create_task(lease.release())
+            await eventually(lambda: not exists(server, entry_key("lock")), what="the release run")
+            extending = asyncio.create_task(lease.extend(LEASE))
+            await eventually(lambda: client._mux.in_flight == 2, what="the extend sent")
+        await releasing
+        with pytest.raises(LockNotOwnedError):
+            await extending
+        await asyncio.sleep(0)  # (a lost-callback would have run by now)
+        assert not lease.lost and lost == []
         await assert_clean(client)
 
 
