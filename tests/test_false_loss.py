@@ -250,6 +250,44 @@ async def test_a_handoff_racing_a_renewal_is_not_a_loss(url: str, server: RedisS
         await assert_clean(client)
 
 
+async def test_a_local_pass_then_a_release_racing_renewals_is_not_a_loss(
+    url: str, server: RedisServer
+) -> None:
+    """A renewal of the first hold is sent; the lock passes to the next local
+    task with no round trip (the same entry in Redis, a new Hold); that task
+    releases, and the release runs before the renewal and before a renewal of
+    the new Hold, both of whose "gone" are read first. No loss for either."""
+    async with Client.from_url(url, prefix=PREFIX, lease=LEASE) as client:
+        watchdog = client._watchdog
+        lock = client.lock("res")
+        first = Body(lock)
+        await first.entered.wait()
+        old = first.lease._hold  # type: ignore[union-attr]
+        second = Body(lock)
+        await eventually(lambda: client.statistics().waiting == 1, what="the second task queued")
+        assert await watchdog.renew_all()
+        gate = await gate_renewals(client)
+        stale = asyncio.create_task(watchdog.renew_all())  # renews the first hold
+        await eventually(lambda: client._renew_mux.in_flight == 2, what="the renewal sent")
+        first.may_end.set()
+        await second.entered.wait()  # passed locally: no round trip
+        new = second.lease._hold  # type: ignore[union-attr]
+        assert new is not old and new.renew_args == old.renew_args
+        assert not (await first.task).lost
+        with replies_held(client._mux):
+            second.may_end.set()
+            await eventually(lambda: not exists(server, entry_key("lock")), what="the release run")
+            open_gate(server)
+            assert await stale
+            assert await watchdog.renew_all()  # renews the new hold
+            assert new not in watchdog
+            assert not second.task.done()
+        assert gate.done()
+        lease = await second.task
+        assert not lease.lost and lease.released
+        await assert_clean(client)
+
+
 async def test_a_grant_racing_a_renewal_is_not_a_loss(url: str, server: RedisServer) -> None:
     """The release grants the lock to another Client's waiting task in Redis
     (a new owner and token) before a renewal of the old hold, whose "gone"
