@@ -34,6 +34,8 @@ from tests.servers import RedisServer
 
 #: Long enough that the watchdog's own rounds (every lease / 3) never run during a test.
 LEASE = 120.0
+#: Replies are held back for up to a fixed lease (5 s) here: no liveness drop meanwhile.
+TIMEOUT = 60.0
 PREFIX = "fl"
 GATE = "fl-test:gate"
 
@@ -120,7 +122,7 @@ async def test_a_release_racing_a_renewal_is_not_a_loss(
 ) -> None:
     """The release runs in Redis before the renewal; the renewal's "gone" is
     read before the release's reply. The body ended normally: no loss."""
-    async with Client.from_url(url, prefix=PREFIX, lease=LEASE) as client:
+    async with Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client:
         watchdog = client._watchdog
         body = Body(primitive(client, kind))
         await body.entered.wait()
@@ -158,7 +160,7 @@ async def test_a_hold_deleted_by_someone_else_is_lost(
     url: str, server: RedisServer, kind: str
 ) -> None:
     """A real loss (no release of ours in flight) is still reported by the watchdog."""
-    async with Client.from_url(url, prefix=PREFIX, lease=LEASE) as client:
+    async with Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client:
         body = Body(primitive(client, kind))
         await body.entered.wait()
         server.execute("DEL", entry_key(kind))
@@ -171,7 +173,7 @@ async def test_a_hold_deleted_by_someone_else_is_lost(
 
 async def test_a_lock_force_released_by_another_client_is_lost(url: str) -> None:
     async with (
-        Client.from_url(url, prefix=PREFIX, lease=LEASE) as client,
+        Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client,
         Client.from_url(url, prefix=PREFIX) as other,
     ):
         body = Body(client.lock("res"))
@@ -190,7 +192,7 @@ async def test_a_hold_deleted_before_our_release_ran_is_lost(
     """Someone else deleted the hold; then our release runs (and finds nothing)
     and a renewal's "gone" is read first. The loss is real: the release's
     reply reports it, so ``async with`` still raises LockLostError."""
-    async with Client.from_url(url, prefix=PREFIX, lease=LEASE) as client:
+    async with Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client:
         watchdog = client._watchdog
         body = Body(primitive(client, kind))
         await body.entered.wait()
@@ -219,7 +221,7 @@ async def test_a_handoff_racing_a_renewal_is_not_a_loss(url: str, server: RedisS
     """A release that hands the lock to the next local task (one script: a new
     owner and token in Redis) runs before a renewal of the old hold, whose
     "gone" is read first. Neither task sees a loss; the next one holds the lock."""
-    async with Client.from_url(url, prefix=PREFIX, lease=LEASE) as client:
+    async with Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client:
         watchdog = client._watchdog
         lock = client.lock("res")
         first = Body(lock)
@@ -257,7 +259,7 @@ async def test_a_local_pass_then_a_release_racing_renewals_is_not_a_loss(
     task with no round trip (the same entry in Redis, a new Hold); that task
     releases, and the release runs before the renewal and before a renewal of
     the new Hold, both of whose "gone" are read first. No loss for either."""
-    async with Client.from_url(url, prefix=PREFIX, lease=LEASE) as client:
+    async with Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client:
         watchdog = client._watchdog
         lock = client.lock("res")
         first = Body(lock)
@@ -293,8 +295,8 @@ async def test_a_grant_racing_a_renewal_is_not_a_loss(url: str, server: RedisSer
     (a new owner and token) before a renewal of the old hold, whose "gone"
     is read first. The releasing task sees no loss; the other one holds."""
     async with (
-        Client.from_url(url, prefix=PREFIX, lease=LEASE) as client,
-        Client.from_url(url, prefix=PREFIX, lease=LEASE) as other,
+        Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client,
+        Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as other,
     ):
         watchdog = client._watchdog
         first = Body(client.lock("res"))
@@ -339,7 +341,7 @@ async def test_a_fixed_lease_running_out_while_its_release_is_in_flight_is_not_a
     """The release ran in Redis well before the lease's end; the local timer of
     the fixed lease fires before the release's reply is read. No loss."""
     lease_s = 5.0  # the release runs in Redis long before this (slack for a loaded machine)
-    async with Client.from_url(url, prefix=PREFIX, lease=LEASE) as client:
+    async with Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client:
         body = Body(primitive(client, kind)(lease=lease_s))
         await body.entered.wait()
         hold = body.lease._hold  # type: ignore[union-attr]
@@ -361,7 +363,7 @@ async def test_a_fixed_lease_running_out_while_its_release_is_in_flight_is_not_a
 async def test_an_extend_after_the_release_is_not_a_loss(url: str, server: RedisServer) -> None:
     """extend() sent after the lease's release (from another task) runs after it
     in Redis and finds nothing: the extend fails, but the hold is not lost."""
-    async with Client.from_url(url, prefix=PREFIX, lease=LEASE) as client:
+    async with Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client:
         lease = await client.lock("res").acquire()
         lost: list[Lease] = []
         lease.on_lost(lost.append)
@@ -386,7 +388,7 @@ async def test_acquire_again_while_the_release_is_in_flight(
     lease, or its own release call was cancelled) and that acquires the same
     lock again gets a new hold after that release, not a re-entry into the
     hold being released (which would then be neither held nor reported lost)."""
-    async with Client.from_url(url, prefix=PREFIX, lease=LEASE) as client:
+    async with Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client:
         prim = primitive(client, kind)
         leases: list[Lease] = []
         held, go, again = asyncio.Event(), asyncio.Event(), asyncio.Event()
