@@ -588,14 +588,14 @@ class Client:
         ms = to_ms(seconds)
         reply = await self._retry(hold.renew_script, (hold.renew_key,), (ms, *hold.renew_args))
         if int(reply[0]) != 1:
-            hold.mark_lost("the hold was gone when extended")
+            hold.gone("the hold was gone when extended")
             raise LockNotOwnedError(f"{hold.name!r}: the hold was gone when extended")
         new_expiry = sent + seconds
         if new_expiry > hold.expires_at:
             hold.expires_at = new_expiry
             if hold.timer is not None:
                 hold.timer.cancel()
-                hold.timer = loop.call_at(new_expiry, hold.mark_lost, "the fixed lease expired")
+                hold.timer = loop.call_at(new_expiry, hold.gone, "the fixed lease expired")
 
     def _track(self, hold: Hold) -> None:
         """Start keeping a new hold alive: the watchdog, or a timer for a fixed lease."""
@@ -603,7 +603,7 @@ class Client:
             self._watchdog.add(hold)
         else:
             hold.timer = asyncio.get_running_loop().call_at(
-                hold.expires_at, hold.mark_lost, "the fixed lease expired"
+                hold.expires_at, hold.gone, "the fixed lease expired"
             )
 
     def _waiter(self, channel: bytes, signal: str) -> Waiter:

@@ -118,6 +118,19 @@ class Hold:
         self.expires_at = max(self.expires_at, sent + lease)
 
     def gone(self, reason: str) -> None:
+        """Redis (a renewal, an extend, a check) or the clock says the hold is
+        gone: it is lost, unless a release of this hold is under way.
+
+        Then the release most likely ran first: the watchdog renews on its
+        own connection, so its renewal can run in Redis after a release sent
+        on the command connection and its reply can be read before the
+        release's. The verdict is the release's reply (0: the hold was gone
+        before it ran, and ``_release_finished`` marks it lost; a release
+        that fails for good marks it lost too). Meanwhile nothing is renewed.
+        """
+        if self.releasing is not None:
+            self.client._watchdog.remove(self)
+            return
         self.mark_lost(reason)
 
     @property

@@ -518,7 +518,12 @@ class AsyncLock(SingleHolder):
         else:
             hold = state.hold
             if hold is not None and hold.task is task:
-                return hold.new_lease()
+                if hold.releasing is None:
+                    return hold.new_lease()
+                # Our release of it is still on its way (its caller was
+                # cancelled, or another task released the lease): no re-entry
+                # into a hold being released; queue up (the lock is busy) and
+                # get a new hold after it.
             if state.lock is None:
                 state.lock = self
         deadline = None if timeout is None else loop.time() + timeout

@@ -275,7 +275,11 @@ class MultiLock(Acquirable[MultiLease]):
                 state: LocalQueue | None = client._states.get(lock._key)
                 if state is None:
                     state = client._states[lock._key] = LocalQueue(client, lock._key, lock)
-                elif state.hold is not None and state.hold.task is task:
+                elif (
+                    state.hold is not None
+                    and state.hold.task is task
+                    and state.hold.releasing is None  # (else: queue up, as AsyncLock)
+                ):
                     held.append(state.hold.new_lease())  # re-entry: no round trip
                     continue
                 if state.busy:

@@ -520,7 +520,7 @@ class SingleHolder(Primitive, Acquirable[Lease]):
             return False
         ttl = int(await client._eval(self._owned_script, (self._key,), self._owned_args(hold)))
         if ttl == -2:
-            hold.mark_lost("the hold was gone when checked")
+            hold.gone("the hold was gone when checked")
             return False
         return True
 

@@ -178,6 +178,17 @@ class _RWState:
             del self.client._states[self.key]
 
 
+async def _released(hold: Hold) -> None:
+    """Wait until the release of ``hold`` under way has finished, however it
+    ends. Cancelling the wait does not stop the release."""
+    releasing = hold.releasing
+    if releasing is not None:
+        try:
+            await asyncio.shield(releasing)
+        except Exception:
+            pass  # the release reported its own failure (the hold is lost)
+
+
 class _WaitEntry:
     """A waiting writer's entry in ``<key>:wq``, kept alive by the watchdog (Renewable)."""
 
@@ -345,7 +356,9 @@ class ReadWriteLock(Primitive):
         if state is not None:
             held = state.reads.get(task)
             if held is not None:
-                return held.new_lease()
+                if held.releasing is None:
+                    return held.new_lease()
+                await _released(held)  # no re-entry into a hold being released
         state = self._local_or_new()
         deadline = None if timeout is None else loop.time() + timeout
         state.pending_reads += 1
@@ -414,9 +427,14 @@ class ReadWriteLock(Primitive):
         state = self._local()
         if state is not None:
             held = state.hold
-            if held is not None and held.task is task:
+            if held is not None and held.task is task and held.releasing is None:
                 return held.new_lease()
-            if task in state.reads:
+            # (A write hold being released is not re-entered: the lock is busy,
+            # so this task queues up below and gets a new hold after it.)
+            read = state.reads.get(task)
+            if read is not None and read.releasing is not None:
+                await _released(read)
+            elif read is not None:
                 raise LockUpgradeError(
                     f"read-write lock {self.name!r}: this task holds the read lock and asked "
                     "for the write lock, which would wait for itself for ever; release the "
@@ -606,7 +624,7 @@ class _Side(Acquirable[Lease]):
             await client._eval("rw_owned", (self._core._key,), (self._kind, hold.owner, hold.token))
         )
         if left == -2:
-            hold.mark_lost("the hold was gone when checked")
+            hold.gone("the hold was gone when checked")
             return False
         return True
 

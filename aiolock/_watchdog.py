@@ -5,11 +5,13 @@ taken without an explicit lease, and the queue entries of waiting fair-lock
 tasks), grouped by renewal script, up to ``BATCH`` keys per script call, all
 calls pipelined on the Client's renewal connection: its own, so that a
 renewal never waits behind a burst of acquires on the main one. An item
-whose renewal finds it gone is told so at once (a hold is then lost). A
-renewal that fails (connection error, no reply) is retried every
-``interval / 4`` until the item's known expiry passes, and then it is gone:
-a lease is never assumed alive past the last moment Redis is known to have
-extended it.
+whose renewal finds it gone is told so at once (a hold is then lost, unless
+a release of it is under way: the release's reply decides, see
+``Hold.gone``; renewals and releases use different connections, so a
+renewal can run after a release and be answered first). A renewal that
+fails (connection error, no reply) is retried every ``interval / 4`` until
+the item's known expiry passes, and then it is gone: a lease is never
+assumed alive past the last moment Redis is known to have extended it.
 
 ``plan_batches`` is a pure function, tested without a server.
 """
