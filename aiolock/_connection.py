@@ -35,10 +35,16 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import (
+    BusyLoadingError,
+    MasterDownError,
+    NoScriptError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
 
-from ._errors import ClientClosedError, ServerRefusedError, from_redis
+from ._errors import ClientClosedError, ServerRefusedError, ServerUnavailableError, from_redis
 
 try:  # part of redis[hiredis]; without it, redis-py's parser in a reader task
     import hiredis
@@ -49,7 +55,15 @@ __all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Orphan"]
 
 #: The errors that say a command did not run (an error reply, a refusal):
 #: an orphaned acquire that failed with one of these needs no undo.
-DID_NOT_RUN = (ServerRefusedError, ResponseError)
+DID_NOT_RUN = (ServerRefusedError, ServerUnavailableError, ResponseError)
+
+# redis-py's class for an error reply, by its code (as redis-py's parser picks
+# it); the reply's full text is kept as the message.
+_REPLY_CLASSES: dict[str, type[ResponseError] | type[BusyLoadingError]] = {
+    "LOADING": BusyLoadingError,
+    "MASTERDOWN": MasterDownError,
+    "TRYAGAIN": TryAgainError,
+}
 
 #: Builds a new, unconnected redis-py connection with aiolock's settings.
 ConnectionFactory = Callable[[], AbstractConnection]
@@ -388,11 +402,14 @@ def pack(args: tuple[Any, ...]) -> bytes:
 
 def _error(reply: Exception) -> Exception:
     """The exception for an error reply: NoScriptError (the script runner's
-    business), else a ServerRefusedError (WrongTypeError) caused by redis-py's."""
+    business), ServerUnavailableError for a server that cannot serve for a
+    while (LOADING, BUSY, MASTERDOWN, TRYAGAIN: retried like an outage), else a
+    ServerRefusedError (WrongTypeError); caused by redis-py's exception."""
     message = str(reply)
     if message.startswith("NOSCRIPT"):
         return NoScriptError(message)
-    return from_redis(ResponseError(message))
+    cls = _REPLY_CLASSES.get(message.split(" ", 1)[0], ResponseError)
+    return from_redis(cls(message))
 
 
 class _ReplyProtocol(asyncio.Protocol):

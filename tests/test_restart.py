@@ -8,10 +8,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import BusyLoadingError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from aiolock import Client, Lease, LockLostError, LockNotOwnedError
 from tests.core_util import assert_clean, evalsha_calls, eventually
-from tests.servers import ServerProcess
+from tests.servers import ServerProcess, wait_until
 
 #: Long enough that the watchdog's first round (lease / 3 = 10 s after the
 #: acquisition) cannot be what notices anything in these tests.
@@ -244,3 +247,43 @@ async def test_restart_reports_holds_of_every_primitive_lost_at_once(
             with pytest.raises(LockNotOwnedError):
                 await lease.release()
         await assert_clean(a)
+
+
+async def test_acquire_rides_out_a_server_loading_its_data(fresh_server: ServerProcess) -> None:
+    """A server restarted with its data answers LOADING while it loads it: a
+    transient state (ServerUnavailableError), retried like an outage, not a
+    refusal that fails the wait at once."""
+    fresh_server.execute("DEBUG", "POPULATE", "6000")
+    fresh_server.execute("SAVE")  # loaded again by the restart
+    # 1 ms per key: seconds of loading, with LOADING replies to clients meanwhile.
+    fresh_server.extra_args = (
+        "--key-load-delay", "1000", "--loading-process-events-interval-bytes", "1024",
+    )  # fmt: skip
+    probe = aioredis.Redis(host=fresh_server.host, port=fresh_server.port)
+    async with Client.from_url(fresh_server.url, prefix="ld", lease=LEASE) as client:
+        async with client.lock("warm"):
+            pass  # connected before the restart
+
+        loading_replies = 0
+
+        async def loading() -> bool:
+            nonlocal loading_replies
+            try:
+                await probe.get("x")
+            except (BusyLoadingError, RedisConnectionError) as exc:
+                loading_replies += isinstance(exc, BusyLoadingError)
+                return isinstance(exc, BusyLoadingError)
+            return False
+
+        restart = asyncio.create_task(asyncio.to_thread(fresh_server.restart))
+        try:
+            await wait_until(loading, within=20, message="the server loading its data")
+            lease = await client.lock("k").acquire(timeout=120)
+        finally:
+            await restart
+            await probe.aclose()
+        errors = fresh_server.info("errorstats")
+        assert errors["errorstat_LOADING"]["count"] > loading_replies, "the acquire met LOADING"
+        assert fresh_server.info("persistence")["loading"] == 0
+        await lease.release()
+        await assert_clean(client)
