@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import secrets
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -211,8 +212,19 @@ class Client:
         """A Client with its own connections to ``url`` (``redis://``, ``rediss://``, ``unix://``)."""
         if not isinstance(url, str) or not url:
             raise InvalidArgumentTypeError(f"url must be a non-empty str, got {url!r}")
+        try:
+            redis = aioredis.Redis.from_url(url)
+        except ValueError as exc:  # redis-py's parse: scheme, port, query arguments
+            shown = re.sub(r"//[^/@]*@", "//***@", url)  # no password in messages
+            raise InvalidArgumentError(
+                f"invalid Redis URL {shown!r}: {exc}. "
+                "Use redis://[[user]:password@]host[:port][/db], rediss://... (TLS) "
+                "or unix://[[user]:password@]/path/to/socket[?db=N], with a numeric "
+                "port and db, and query arguments of the right type "
+                "(e.g. ?socket_connect_timeout=5)"
+            ) from exc
         client = cls(
-            aioredis.Redis.from_url(url),
+            redis,
             prefix=prefix,
             lease=lease,
             notify=notify,
