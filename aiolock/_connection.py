@@ -222,11 +222,9 @@ class CommandConnection:
                 )
             self._connect_task = None
             backlog, self._backlog = self._backlog, []
-            error = from_redis(
-                exc if isinstance(exc, Exception) else RedisConnectionError(repr(exc))
-            )
+            cause = exc if isinstance(exc, Exception) else RedisConnectionError(repr(exc))
             for _, fut, orphan in backlog:
-                _fail(fut, orphan, error)
+                _fail(fut, orphan, cause)
             if conn is not None:
                 await conn.disconnect(nowait=True)
             if not isinstance(exc, Exception):
@@ -299,7 +297,8 @@ class CommandConnection:
             )
 
     def _drop(self, error: BaseException, conn: AbstractConnection | None = None) -> None:
-        """Forget the current connection and fail every command pending on it."""
+        """Forget the current connection and fail every command pending on it,
+        each with its own ConnectionFailedError caused by ``error`` (redis-py's)."""
         if conn is not None and conn is not self._conn:
             return
         conn = self._conn
@@ -314,7 +313,6 @@ class CommandConnection:
         if conn is not None and not self._closed and self._on_reset is not None:
             self._on_reset()
         pending, self._pending = self._pending, deque()
-        error = from_redis(error)
         if self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
         for fut, orphan in pending:
@@ -370,7 +368,11 @@ def _ignore(reply: Any, error: BaseException | None) -> None:
     return None
 
 
-def _fail(fut: asyncio.Future[Any] | None, orphan: Orphan | None, error: BaseException) -> None:
+def _fail(fut: asyncio.Future[Any] | None, orphan: Orphan | None, cause: BaseException) -> None:
+    """Fail one command with its own AiolockError caused by ``cause`` (redis-py's
+    or the OS' error): an exception object is never shared by the tasks that
+    raise it (each raise would add to its traceback and rewrite its cause)."""
+    error = from_redis(cause)
     if fut is None or fut.cancelled():
         if orphan is not None:
             orphan(None, error)

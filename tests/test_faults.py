@@ -223,3 +223,27 @@ async def test_late_undo_of_abandoned_multi_acquire_spares_the_next_hold(
                 await other.lock(name).acquire(timeout=0)  # still held
         await again.release()
         await assert_clean(other, client)
+
+
+async def test_each_failed_command_gets_its_own_error(proxy: TcpProxy) -> None:
+    """Commands failed by one lost connection (or one failed connect) each raise
+    their own ConnectionFailedError, all caused by the same redis-py error: a
+    shared instance, raised by many tasks, would pile up their tracebacks."""
+    async with Client.from_url(proxy.url, prefix="f") as client:
+        lock = client.lock("k")
+        assert not await lock.is_locked()  # connected
+        proxy.blackhole()
+        calls = [asyncio.create_task(lock.is_locked()) for _ in range(2)]
+        await eventually(lambda: len(client._mux._pending) >= 2, what="both on the wire")
+        proxy.cut()  # one connection lost: both fail
+        lost = await asyncio.gather(*calls, return_exceptions=True)
+        # No connection now: both wait in the backlog of one connect that fails.
+        calls = [asyncio.create_task(lock.is_locked()) for _ in range(2)]
+        refused = await asyncio.gather(*calls, return_exceptions=True)
+        for first, second in (lost, refused):
+            assert isinstance(first, ConnectionFailedError), repr(first)
+            assert isinstance(second, ConnectionFailedError), repr(second)
+            assert first is not second
+            assert first.__cause__ is second.__cause__ is not None
+        proxy.restore()
+        await assert_clean(client)
