@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from aiolock import Client, Lease, LockLostError, LockNotOwnedError
 from tests.core_util import assert_clean, evalsha_calls, eventually
-from tests.servers import ServerProcess, wait_until
+from tests.servers import RedisServer, ServerProcess, wait_until
 
 #: Long enough that the watchdog's first round (lease / 3 = 10 s after the
 #: acquisition) cannot be what notices anything in these tests.
@@ -287,3 +287,87 @@ async def test_acquire_rides_out_a_server_loading_its_data(fresh_server: ServerP
         assert fresh_server.info("persistence")["loading"] == 0
         await lease.release()
         await assert_clean(client)
+
+
+async def _one_of_each(client: Client, tag: str) -> list[Lease]:
+    """A fresh hold of every primitive (watchdog and fixed leases)."""
+    multi = await client.multi_lock(client.lock(f"m1{tag}"), client.lock(f"m2{tag}")).acquire()
+    return [
+        await client.lock(f"l{tag}").acquire(),
+        await client.lock(f"lf{tag}").acquire(lease=LEASE),
+        await client.fair_lock(f"f{tag}").acquire(),
+        await client.rw_lock(f"r{tag}").read.acquire(),
+        await client.rw_lock(f"w{tag}").write.acquire(),
+        await client.semaphore(f"s{tag}", 2).acquire(),
+        await client.semaphore(f"sf{tag}", 2).acquire(lease=LEASE),
+        *multi.leases,
+    ]
+
+
+async def test_every_primitive_confirms_its_new_holds(server: RedisServer) -> None:
+    """A grant confirms a hold of any primitive in the epoch it was sent in:
+    the verifier after a reset checks only the holds from before it, and
+    ends after its round while new holds keep coming."""
+    async with Client.from_url(server.url, prefix="cf", lease=LEASE) as client:
+        before = await _one_of_each(client, "a")
+        for lease in before:
+            assert lease._hold.confirmed == client._epoch, lease
+        epoch = client._epoch
+        assert server.kill_normal_clients() >= 1  # a reset: a new epoch
+        await eventually(lambda: client._epoch > epoch, what="the connection loss seen")
+        after = await _one_of_each(client, "b")  # acquired while the verifier runs
+        for lease in after:
+            assert lease._hold.confirmed == client._epoch, lease
+        verifier = client._verifier
+        assert verifier is not None
+        await asyncio.wait_for(asyncio.shield(verifier), 20)
+        for lease in before:  # verified in the new epoch, not lost
+            assert lease._hold.confirmed == client._epoch and not lease.lost, lease
+        more = await _one_of_each(client, "c")
+        assert client._verifier is verifier and verifier.done(), "no verification needed"
+        for lease in before + after + more:
+            await lease.release()
+        await assert_clean(client)
+
+
+async def test_hold_granted_across_a_reset_is_verified_at_once(
+    fresh_server: ServerProcess,
+) -> None:
+    """An acquire sent before a reset and answered after it installs a hold
+    from an older epoch: it is verified at once, even though the verifier the
+    reset started found nothing to verify and ended."""
+    async with (
+        Client.from_url(fresh_server.url, prefix="cf", lease=LEASE) as client,
+        Client.from_url(fresh_server.url, prefix="cf", lease=LEASE) as other,
+    ):
+        busy = await other.lock("busy").acquire()
+        waiter = asyncio.create_task(client.lock("busy").acquire())  # connects the listener
+        await eventually(lambda: fresh_server.client_count("pubsub") >= 1, what="listener")
+        epoch = client._epoch
+        fresh_server.execute("CLIENT", "PAUSE", "30000", "WRITE")  # holds back scripts
+        try:
+            on_the_wire = len(client._mux._pending)
+            acquire = asyncio.create_task(client.semaphore("s", 2).acquire())
+            await eventually(
+                lambda: len(client._mux._pending) > on_the_wire, what="the acquire sent"
+            )
+            assert fresh_server.kill_pubsub_clients() >= 1  # a reset while it is held back
+            await eventually(lambda: client._epoch > epoch, what="the connection loss seen")
+            verifier = client._verifier
+            assert verifier is not None
+            await asyncio.wait_for(asyncio.shield(verifier), 20)  # nothing to verify yet
+            assert not acquire.done()
+        finally:
+            fresh_server.execute("CLIENT", "UNPAUSE")
+        permit = await asyncio.wait_for(acquire, 20)
+        # Granted, but confirmed only in the epoch it was sent in: checked at once.
+        await eventually(
+            lambda: permit._hold.confirmed == client._epoch, what="the new hold verified"
+        )
+        assert client._verifier is not verifier
+        await permit.release()
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await busy.release()
+        await assert_clean(client, other)
