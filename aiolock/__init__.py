@@ -33,6 +33,7 @@ from ._errors import LockNotOwnedError as LockNotOwnedError
 from ._errors import LockTimeoutError as LockTimeoutError
 from ._errors import LockUpgradeError as LockUpgradeError
 from ._errors import ServerRefusedError as ServerRefusedError
+from ._errors import ServerUnavailableError as ServerUnavailableError
 from ._errors import WrongEventLoopError as WrongEventLoopError
 from ._errors import WrongTypeError as WrongTypeError
 from ._fair import FairLock as FairLock
@@ -74,6 +75,7 @@ __all__ = [
     "ReadWriteLock",
     "Semaphore",
     "ServerRefusedError",
+    "ServerUnavailableError",
     "SpinLock",
     "WriteLock",
     "WrongEventLoopError",

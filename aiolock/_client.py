@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import re
 import secrets
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -169,6 +171,9 @@ class Client:
         # confirmed by the server in an earlier epoch is verified at once
         # (_verify_holds) and hands out no reserved token meanwhile.
         self._epoch = 0
+        # Loop time of the last epoch change: an acquire sent after it was
+        # granted in the current epoch (see _track).
+        self._epoch_since = -math.inf
         self._verifier: asyncio.Task[None] | None = None
         self._mux = CommandConnection(
             self._new_connection,
@@ -211,8 +216,19 @@ class Client:
         """A Client with its own connections to ``url`` (``redis://``, ``rediss://``, ``unix://``)."""
         if not isinstance(url, str) or not url:
             raise InvalidArgumentTypeError(f"url must be a non-empty str, got {url!r}")
+        try:
+            redis = aioredis.Redis.from_url(url)
+        except ValueError as exc:  # redis-py's parse: scheme, port, query arguments
+            shown = re.sub(r"//[^/@]*@", "//***@", url)  # no password in messages
+            raise InvalidArgumentError(
+                f"invalid Redis URL {shown!r}: {exc}. "
+                "Use redis://[[user]:password@]host[:port][/db], rediss://... (TLS) "
+                "or unix://[[user]:password@]/path/to/socket[?db=N], with a numeric "
+                "port and db, and query arguments of the right type "
+                "(e.g. ?socket_connect_timeout=5)"
+            ) from exc
         client = cls(
-            aioredis.Redis.from_url(url),
+            redis,
             prefix=prefix,
             lease=lease,
             notify=notify,
@@ -598,7 +614,20 @@ class Client:
                 hold.timer = loop.call_at(new_expiry, hold.gone, "the fixed lease expired")
 
     def _track(self, hold: Hold) -> None:
-        """Start keeping a new hold alive: the watchdog, or a timer for a fixed lease."""
+        """Start keeping a new hold alive: the watchdog, or a timer for a fixed lease.
+
+        Every primitive's new hold passes here, its ``expires_at`` being the
+        send time of the acquire that was granted plus its lease. If that
+        acquire was sent after the last connection reset (no reset since,
+        until now: the reply came on the current connections), the grant
+        confirms the hold in the current epoch; otherwise (or if a primitive
+        sets an older ``confirmed`` afterwards, synchronously) it is verified
+        at once, as after a reset.
+        """
+        if hold.confirmed < 0 and self._epoch_since < hold.expires_at - hold.lease - 1e-6:
+            hold.confirmed = self._epoch
+        if hold.confirmed != self._epoch:
+            self._start_verifier()
         if hold.watchdog:
             self._watchdog.add(hold)
         else:
@@ -643,6 +672,11 @@ class Client:
         """An established connection to the server was lost: start a new epoch
         and verify every hold as soon as the server answers again."""
         self._epoch += 1
+        self._epoch_since = self._loop.time() if self._loop is not None else math.inf
+        self._start_verifier()
+
+    def _start_verifier(self) -> None:
+        """Run _verify_holds unless it runs already."""
         if self._closed or self._loop is None:
             return
         if self._verifier is None or self._verifier.done():

@@ -35,10 +35,16 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import (
+    BusyLoadingError,
+    MasterDownError,
+    NoScriptError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
 
-from ._errors import ClientClosedError, ServerRefusedError, from_redis
+from ._errors import ClientClosedError, ServerRefusedError, ServerUnavailableError, from_redis
 
 try:  # part of redis[hiredis]; without it, redis-py's parser in a reader task
     import hiredis
@@ -49,7 +55,15 @@ __all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Orphan"]
 
 #: The errors that say a command did not run (an error reply, a refusal):
 #: an orphaned acquire that failed with one of these needs no undo.
-DID_NOT_RUN = (ServerRefusedError, ResponseError)
+DID_NOT_RUN = (ServerRefusedError, ServerUnavailableError, ResponseError)
+
+# redis-py's class for an error reply, by its code (as redis-py's parser picks
+# it); the reply's full text is kept as the message.
+_REPLY_CLASSES: dict[str, type[ResponseError] | type[BusyLoadingError]] = {
+    "LOADING": BusyLoadingError,
+    "MASTERDOWN": MasterDownError,
+    "TRYAGAIN": TryAgainError,
+}
 
 #: Builds a new, unconnected redis-py connection with aiolock's settings.
 ConnectionFactory = Callable[[], AbstractConnection]
@@ -208,11 +222,9 @@ class CommandConnection:
                 )
             self._connect_task = None
             backlog, self._backlog = self._backlog, []
-            error = from_redis(
-                exc if isinstance(exc, Exception) else RedisConnectionError(repr(exc))
-            )
+            cause = exc if isinstance(exc, Exception) else RedisConnectionError(repr(exc))
             for _, fut, orphan in backlog:
-                _fail(fut, orphan, error)
+                _fail(fut, orphan, cause)
             if conn is not None:
                 await conn.disconnect(nowait=True)
             if not isinstance(exc, Exception):
@@ -285,7 +297,8 @@ class CommandConnection:
             )
 
     def _drop(self, error: BaseException, conn: AbstractConnection | None = None) -> None:
-        """Forget the current connection and fail every command pending on it."""
+        """Forget the current connection and fail every command pending on it,
+        each with its own ConnectionFailedError caused by ``error`` (redis-py's)."""
         if conn is not None and conn is not self._conn:
             return
         conn = self._conn
@@ -300,7 +313,6 @@ class CommandConnection:
         if conn is not None and not self._closed and self._on_reset is not None:
             self._on_reset()
         pending, self._pending = self._pending, deque()
-        error = from_redis(error)
         if self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
         for fut, orphan in pending:
@@ -356,7 +368,11 @@ def _ignore(reply: Any, error: BaseException | None) -> None:
     return None
 
 
-def _fail(fut: asyncio.Future[Any] | None, orphan: Orphan | None, error: BaseException) -> None:
+def _fail(fut: asyncio.Future[Any] | None, orphan: Orphan | None, cause: BaseException) -> None:
+    """Fail one command with its own AiolockError caused by ``cause`` (redis-py's
+    or the OS' error): an exception object is never shared by the tasks that
+    raise it (each raise would add to its traceback and rewrite its cause)."""
+    error = from_redis(cause)
     if fut is None or fut.cancelled():
         if orphan is not None:
             orphan(None, error)
@@ -388,11 +404,14 @@ def pack(args: tuple[Any, ...]) -> bytes:
 
 def _error(reply: Exception) -> Exception:
     """The exception for an error reply: NoScriptError (the script runner's
-    business), else a ServerRefusedError (WrongTypeError) caused by redis-py's."""
+    business), ServerUnavailableError for a server that cannot serve for a
+    while (LOADING, BUSY, MASTERDOWN, TRYAGAIN: retried like an outage), else a
+    ServerRefusedError (WrongTypeError); caused by redis-py's exception."""
     message = str(reply)
     if message.startswith("NOSCRIPT"):
         return NoScriptError(message)
-    return from_redis(ResponseError(message))
+    cls = _REPLY_CLASSES.get(message.split(" ", 1)[0], ResponseError)
+    return from_redis(cls(message))
 
 
 class _ReplyProtocol(asyncio.Protocol):

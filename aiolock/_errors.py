@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import re
 
-from redis.exceptions import AuthenticationError, AuthorizationError, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    BusyLoadingError,
+    RedisError,
+    ResponseError,
+)
 
 __all__ = [
     "AiolockError",
@@ -18,6 +24,7 @@ __all__ = [
     "LockTimeoutError",
     "LockUpgradeError",
     "ServerRefusedError",
+    "ServerUnavailableError",
     "WrongEventLoopError",
     "WrongTypeError",
     "asyncio_required",
@@ -101,6 +108,22 @@ class ConnectionFailedError(AiolockError, ConnectionError):
     """
 
 
+class ServerUnavailableError(ConnectionFailedError):
+    """The server answered but cannot serve commands for a while: it is loading
+    its data set (LOADING), a long script blocks it (BUSY), a replica lost its
+    master (MASTERDOWN), or a cluster slot is migrating (TRYAGAIN).
+
+    ``code`` is that error code; the message quotes the server's reply, and
+    ``__cause__`` is redis-py's exception. The command did not run. It is a
+    ConnectionFailedError: waits, releases, renewals and the watchdog retry it
+    as they ride out an outage.
+    """
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class ServerRefusedError(AiolockError):
     """The server refused the command: authentication (NOAUTH, WRONGPASS), ACL
     (NOPERM), out of memory (OOM), a read-only replica (READONLY), ...
@@ -158,10 +181,13 @@ _ADVICE = {
     "BUSY": "A long-running script blocks the server: wait, or stop it with SCRIPT KILL",
     "LOADING": "The server is loading its data set: retry in a moment",
     "MASTERDOWN": "The replica lost its master: retry after the failover",
+    "TRYAGAIN": "A cluster slot is being migrated: retry in a moment",
     "NOREPLICAS": "Not enough replicas are connected to accept writes",
     "NOSCRIPT": "The server lost aiolock's script twice in a row (SCRIPT FLUSH?): retry",
 }
 _CODES = re.compile(r"\b(" + "|".join(sorted(_ADVICE)) + r")\b")
+#: Error codes of a server that cannot serve for a while (the command did not run).
+UNAVAILABLE_CODES = frozenset({"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN"})
 
 
 def from_redis(exc: BaseException) -> AiolockError:
@@ -178,6 +204,17 @@ def from_redis(exc: BaseException) -> AiolockError:
         code = "NOAUTH" if "NOAUTH" in message or "required" in message else "WRONGPASS"
         error = ServerRefusedError(
             f"Redis refused the connection ({code}): {message}. {_ADVICE[code]}.", code
+        )
+    elif isinstance(exc, BusyLoadingError) or (
+        isinstance(exc, ResponseError) and message.split(" ", 1)[0] in UNAVAILABLE_CODES
+    ):
+        # The whole command was turned away (the code opens the reply): transient.
+        # (redis-py's BusyLoadingError has "LOADING" cut off its message.)
+        code = "LOADING" if isinstance(exc, BusyLoadingError) else message.split(" ", 1)[0]
+        error = ServerUnavailableError(
+            f"Redis cannot serve commands now ({code}): {message}. {_ADVICE[code]}; "
+            "aiolock retries it where it rides out an outage.",
+            code,
         )
     elif isinstance(exc, ResponseError):
         if "WRONGTYPE" in message:

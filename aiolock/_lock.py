@@ -334,7 +334,8 @@ class LocalQueue:
             await client._retry(
                 "release",
                 lock._release_keys(),
-                (next_owner, "", lock._channel, client._retention_ms),
+                # "": the handed hold (it carries no attempt id)
+                (next_owner, "", lock._channel, client._retention_ms, ""),
             )
         except BaseException as exc:
             hold.releasing = None
@@ -579,7 +580,9 @@ class AsyncLock(SingleHolder):
         # to it by a release (for one Client lease, renewed as any other); a
         # fixed lease is only woken (see scripts/_wake.lua).
         member = f"{owner}|{attempt_id}|{client._lease_ms if lease is None else 0}"
-        undo = functools.partial(_undo_acquire, client, self._keys, owner, self._channel)
+        undo = functools.partial(
+            _undo_acquire, client, self._keys, owner, attempt_id, self._channel
+        )
         script = self._acquire_script
         granted: tuple[int, int, float, int] | None = None
         # The connection epoch in which the server granted the hold (-1: unknown).
@@ -747,15 +750,22 @@ def _undo_acquire(
     client: Client,
     keys: tuple[str, ...],
     owner: str,
+    attempt_id: int,
     channel: bytes,
     reply: Any,
     error: BaseException | None,
 ) -> None:
-    """The caller of an acquire gave up before reading its reply: undo whatever it did."""
+    """The caller of an acquire gave up before reading its reply: undo whatever it did.
+
+    The undo targets the attempt, never the owner alone: it may run late (a
+    retry after an outage), when the same task already holds the lock again
+    from a later acquire, which it must not delete.
+    """
     if error is None:
         if reply and int(reply[0]) == 1:
             args: tuple[Any, ...] = (owner, int(reply[1]), channel, client._retention_ms)
             client._spawn(client._retry("release", keys, args))
     elif not isinstance(error, DID_NOT_RUN):
-        # Unknown whether it ran: remove whatever hold this owner may have.
-        client._spawn(client._retry("release", keys, (owner, "", channel, client._retention_ms)))
+        # Unknown whether it ran: remove the hold this attempt may have taken.
+        args = (owner, "", channel, client._retention_ms, attempt_id)
+        client._spawn(client._retry("release", keys, args))

@@ -313,7 +313,8 @@ async def _compete_group(
     owner = client.owner(task)
     lease_s = client.lease if lease is None else lease
     keys = tuple(k for lock in locks for k in (lock._key, lock._fence_key))
-    args = (owner, to_ms(lease_s), client._retention_ms, client._attempt_id())
+    attempt_id = client._attempt_id()
+    args = (owner, to_ms(lease_s), client._retention_ms, attempt_id)
     blocker = [locks[0]]
 
     def undo(reply: Any, error: BaseException | None) -> None:
@@ -323,7 +324,7 @@ async def _compete_group(
                     _spawn_release(client, lock, owner, int(token))
         elif not isinstance(error, DID_NOT_RUN):
             for lock in locks:
-                _spawn_release(client, lock, owner, "")
+                _spawn_release(client, lock, owner, "", attempt_id)
 
     async def attempt() -> tuple[list[int] | None, float | None]:
         reply = await client._eval("multi_acquire", keys, args, undo)
@@ -348,8 +349,12 @@ async def _compete_group(
     ]
 
 
-def _spawn_release(client: Client, lock: AsyncLock, owner: str, token: int | str) -> None:
-    args = (owner, token, lock._channel, client._retention_ms)
+def _spawn_release(
+    client: Client, lock: AsyncLock, owner: str, token: int | str, attempt_id: int | str = ""
+) -> None:
+    """Release ``owner``'s hold of ``lock`` with ``token``, or (token "") the
+    hold taken by the acquire attempt ``attempt_id``, in the background."""
+    args = (owner, token, lock._channel, client._retention_ms, attempt_id)
     client._spawn(client._retry("release", lock._release_keys(), args))
 
 

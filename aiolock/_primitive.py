@@ -37,6 +37,7 @@ from ._errors import (
     LockLostError,
     LockNotOwnedError,
     LockTimeoutError,
+    ServerUnavailableError,
     asyncio_required,
     from_redis,
 )
@@ -151,8 +152,10 @@ async def compete(
     unreachable). Without a deadline: for ever, once this wait has reached
     Redis; a wait that never reached it gives up after
     ``FIRST_CONTACT_TRIES`` tries with ConnectionFailedError (a wrong URL or
-    a server that is down fails fast instead of hanging). Server refusals
-    (ServerRefusedError, WrongTypeError) are raised at once.
+    a server that is down fails fast instead of hanging; a server that
+    answers that it cannot serve yet, ServerUnavailableError (LOADING,
+    BUSY...), was reached). Server refusals (ServerRefusedError,
+    WrongTypeError) are raised at once.
 
     ``warm()``, if given, returns a Waiter that is live already (a channel
     still subscribed and confirmed), or None. Taken before the first try, it
@@ -179,6 +182,8 @@ async def compete(
                 ) from None
             except TRANSIENT as exc:
                 failures += 1
+                # LOADING, BUSY...: the server answered, it is there (not a wrong URL).
+                reached = reached or isinstance(exc, ServerUnavailableError)
                 now = loop.time()
                 if (deadline is not None and now >= deadline) or (
                     deadline is None and not reached and failures >= FIRST_CONTACT_TRIES

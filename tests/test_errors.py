@@ -28,6 +28,7 @@ from aiolock import (
     Client,
     ConnectionFailedError,
     ServerRefusedError,
+    ServerUnavailableError,
     WrongEventLoopError,
     WrongTypeError,
     _errors,
@@ -65,6 +66,47 @@ def _check(error: BaseException, cause: type[BaseException], *words: str) -> Non
     assert isinstance(error.__cause__, cause), repr(error.__cause__)
     for word in words:
         assert word in str(error), (word, str(error))
+
+
+@pytest.mark.parametrize(
+    ("reply", "code", "cause"),
+    [
+        (
+            "LOADING Redis is loading the dataset in memory",
+            "LOADING",
+            redis.exceptions.BusyLoadingError,
+        ),
+        ("BUSY Redis is busy running a script.", "BUSY", redis.exceptions.ResponseError),
+        ("MASTERDOWN Link with MASTER is down", "MASTERDOWN", redis.exceptions.MasterDownError),
+        (
+            "TRYAGAIN Multiple keys request during rehashing",
+            "TRYAGAIN",
+            redis.exceptions.TryAgainError,
+        ),
+    ],
+)
+def test_a_server_that_cannot_serve_yet_is_transient(
+    reply: str, code: str, cause: type[BaseException]
+) -> None:
+    """LOADING, BUSY, MASTERDOWN, TRYAGAIN replies (as the reply parser hands
+    them over) are ServerUnavailableError, a ConnectionFailedError: retried as
+    an outage, never a refusal. (A real LOADING: test_restart.py.)"""
+    from aiolock._connection import DID_NOT_RUN, _error
+
+    ReplyError = redis.exceptions.ResponseError  # what either reply parser hands over
+
+    error = _error(ReplyError(reply))
+    assert isinstance(error, ServerUnavailableError) and isinstance(error, ConnectionFailedError)
+    assert not isinstance(error, ServerRefusedError)
+    assert error.code == code and isinstance(error, DID_NOT_RUN)
+    _check(error, cause, reply.rstrip("."))
+    assert str(error.__cause__) == reply  # the server's text is kept
+    # redis-py's own classification (a handshake during LOADING) maps the same way.
+    loading = _errors.from_redis(redis.exceptions.BusyLoadingError("Redis is loading"))
+    assert isinstance(loading, ServerUnavailableError) and loading.code == "LOADING"
+    # A code inside a script's error is not the command turned away: a refusal.
+    wrapped = _error(ReplyError(f"ERR user_script:1: {reply} script: abc"))
+    assert type(wrapped) is ServerRefusedError
 
 
 # -- connection failures -----------------------------------------------------------------

@@ -133,3 +133,117 @@ async def test_lost_lease_when_renewal_impossible(proxy: TcpProxy) -> None:
                 proxy.blackhole()
                 await asyncio.sleep(30)
         proxy.restore()
+
+
+async def _gate_undos(
+    client: Client, script: str
+) -> tuple[asyncio.Event, list[asyncio.Future[object]]]:
+    """Hold back ``client``'s background undos of ``script`` (token "") until the
+    returned event is set, as a slow retry after an outage would; the futures
+    resolve with each undo's reply."""
+    gate = asyncio.Event()
+    replies: list[asyncio.Future[object]] = []
+    retry = client._retry
+
+    async def gated(
+        name: str, keys: tuple[object, ...], args: tuple[object, ...], attempts: int = 5
+    ) -> object:
+        if name != script or args[1] != "":
+            return await retry(name, keys, args, attempts)
+        reply: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        replies.append(reply)
+        await gate.wait()
+        try:
+            result = await retry(name, keys, args, attempts)
+        except BaseException as exc:
+            reply.set_exception(exc)
+            raise
+        reply.set_result(result)
+        return result
+
+    client._retry = gated  # type: ignore[method-assign]
+    return gate, replies
+
+
+async def test_late_undo_of_abandoned_acquire_spares_the_next_hold(
+    proxy: TcpProxy, server: RedisServer
+) -> None:
+    """An acquire that gave up in an outage leaves a background undo; when that
+    undo runs only after the same task acquired the lock again, it must not
+    delete the new hold (the undo targets the attempt, not the owner)."""
+    async with (
+        Client.from_url(server.url, prefix="f") as other,
+        Client.from_url(proxy.url, prefix="f") as client,
+    ):
+        gate, undos = await _gate_undos(client, "release")
+        held = await other.lock("k").acquire()
+        async with client.lock("warm"):
+            pass  # connected once
+        proxy.cut()
+        with pytest.raises(ConnectionFailedError):
+            await client.lock("k").acquire(timeout=0.5)  # gives up: abandons its tries
+        await eventually(lambda: len(undos) == 1, what="the abandoned attempt's undo")
+        proxy.restore()
+        await held.release()
+        async with asyncio.timeout(20):  # (not wait_for: its own task, another owner)
+            again = await client.lock("k").acquire()  # the same task: the same owner
+        gate.set()  # the stale undo runs now, after the new hold
+        assert await asyncio.wait_for(undos[0], 20) == 0, "the undo touched nothing"
+        with pytest.raises(LockTimeoutError):
+            await other.lock("k").acquire(timeout=0)  # still held: no second holder
+        await again.release()
+        await assert_clean(other, client)
+
+
+async def test_late_undo_of_abandoned_multi_acquire_spares_the_next_hold(
+    proxy: TcpProxy, server: RedisServer
+) -> None:
+    """The same for a multi-lock: each lock's undo targets the attempt."""
+    async with (
+        Client.from_url(server.url, prefix="f") as other,
+        Client.from_url(proxy.url, prefix="f") as client,
+    ):
+        gate, undos = await _gate_undos(client, "release")
+        held = await other.lock("b").acquire()
+        multi = client.multi_lock(client.lock("a"), client.lock("b"))
+        async with client.lock("warm"):
+            pass  # connected once
+        proxy.cut()
+        with pytest.raises(ConnectionFailedError):
+            await multi.acquire(timeout=0.5)  # gives up: abandons its tries
+        await eventually(lambda: len(undos) == 2, what="an undo per lock")
+        proxy.restore()
+        await held.release()
+        async with asyncio.timeout(20):  # (not wait_for: its own task, another owner)
+            again = await multi.acquire()  # the same task: the same owner
+        gate.set()  # the stale undos run now, after the new holds
+        assert [await asyncio.wait_for(undo, 20) for undo in undos] == [0, 0]
+        for name in ("a", "b"):
+            with pytest.raises(LockTimeoutError):
+                await other.lock(name).acquire(timeout=0)  # still held
+        await again.release()
+        await assert_clean(other, client)
+
+
+async def test_each_failed_command_gets_its_own_error(proxy: TcpProxy) -> None:
+    """Commands failed by one lost connection (or one failed connect) each raise
+    their own ConnectionFailedError, all caused by the same redis-py error: a
+    shared instance, raised by many tasks, would pile up their tracebacks."""
+    async with Client.from_url(proxy.url, prefix="f") as client:
+        lock = client.lock("k")
+        assert not await lock.is_locked()  # connected
+        proxy.blackhole()
+        calls = [asyncio.create_task(lock.is_locked()) for _ in range(2)]
+        await eventually(lambda: len(client._mux._pending) >= 2, what="both on the wire")
+        proxy.cut()  # one connection lost: both fail
+        lost = await asyncio.gather(*calls, return_exceptions=True)
+        # No connection now: both wait in the backlog of one connect that fails.
+        calls = [asyncio.create_task(lock.is_locked()) for _ in range(2)]
+        refused = await asyncio.gather(*calls, return_exceptions=True)
+        for first, second in (lost, refused):
+            assert isinstance(first, ConnectionFailedError), repr(first)
+            assert isinstance(second, ConnectionFailedError), repr(second)
+            assert first is not second
+            assert first.__cause__ is second.__cause__ is not None
+        proxy.restore()
+        await assert_clean(client)

@@ -8,10 +8,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import BusyLoadingError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from aiolock import Client, Lease, LockLostError, LockNotOwnedError
 from tests.core_util import assert_clean, evalsha_calls, eventually
-from tests.servers import ServerProcess
+from tests.servers import RedisServer, ServerProcess, wait_until
 
 #: Long enough that the watchdog's first round (lease / 3 = 10 s after the
 #: acquisition) cannot be what notices anything in these tests.
@@ -244,3 +249,134 @@ async def test_restart_reports_holds_of_every_primitive_lost_at_once(
             with pytest.raises(LockNotOwnedError):
                 await lease.release()
         await assert_clean(a)
+
+
+async def test_acquire_rides_out_a_server_loading_its_data(fresh_server: ServerProcess) -> None:
+    """A server restarted with its data answers LOADING while it loads it: a
+    transient state (ServerUnavailableError), retried like an outage, not a
+    refusal that fails the wait at once."""
+    fresh_server.execute("DEBUG", "POPULATE", "6000")
+    fresh_server.execute("SAVE")  # loaded again by the restart
+    # 1 ms per key: seconds of loading, with LOADING replies to clients meanwhile.
+    fresh_server.extra_args = (
+        "--key-load-delay", "1000", "--loading-process-events-interval-bytes", "1024",
+    )  # fmt: skip
+    # No retries of its own: each LOADING the server counts for it is one it raises.
+    probe = aioredis.Redis(
+        host=fresh_server.host, port=fresh_server.port, retry=Retry(NoBackoff(), 0)
+    )
+    async with Client.from_url(fresh_server.url, prefix="ld", lease=LEASE) as client:
+        async with client.lock("warm"):
+            pass  # connected before the restart
+
+        loading_replies = 0
+
+        async def loading() -> bool:
+            nonlocal loading_replies
+            try:
+                await probe.get("x")
+            except (BusyLoadingError, RedisConnectionError) as exc:
+                loading_replies += isinstance(exc, BusyLoadingError)
+                return isinstance(exc, BusyLoadingError)
+            return False
+
+        restart = asyncio.create_task(asyncio.to_thread(fresh_server.restart))
+        try:
+            await wait_until(loading, within=20, message="the server loading its data")
+            lease = await client.lock("k").acquire(timeout=120)
+        finally:
+            await restart
+            await probe.aclose()
+        errors = fresh_server.info("errorstats")
+        assert errors["errorstat_LOADING"]["count"] > loading_replies, "the acquire met LOADING"
+        assert fresh_server.info("persistence")["loading"] == 0
+        await lease.release()
+        await assert_clean(client)
+
+
+async def _one_of_each(client: Client, tag: str) -> list[Lease]:
+    """A fresh hold of every primitive (watchdog and fixed leases)."""
+    multi = await client.multi_lock(client.lock(f"m1{tag}"), client.lock(f"m2{tag}")).acquire()
+    return [
+        await client.lock(f"l{tag}").acquire(),
+        await client.lock(f"lf{tag}").acquire(lease=LEASE),
+        await client.fair_lock(f"f{tag}").acquire(),
+        await client.rw_lock(f"r{tag}").read.acquire(),
+        await client.rw_lock(f"w{tag}").write.acquire(),
+        await client.semaphore(f"s{tag}", 2).acquire(),
+        await client.semaphore(f"sf{tag}", 2).acquire(lease=LEASE),
+        *multi.leases,
+    ]
+
+
+async def test_every_primitive_confirms_its_new_holds(server: RedisServer) -> None:
+    """A grant confirms a hold of any primitive in the epoch it was sent in:
+    the verifier after a reset checks only the holds from before it, and
+    ends after its round while new holds keep coming."""
+    async with Client.from_url(server.url, prefix="cf", lease=LEASE) as client:
+        before = await _one_of_each(client, "a")
+        for lease in before:
+            assert lease._hold.confirmed == client._epoch, lease
+        epoch = client._epoch
+        # Each established connection lost is a new epoch: wait for them all.
+        connected = sum(mux._conn is not None for mux in (client._mux, client._renew_mux))
+        assert server.kill_normal_clients() >= connected >= 1  # a reset
+        await eventually(
+            lambda: client._epoch == epoch + connected, what="the connection losses seen"
+        )
+        after = await _one_of_each(client, "b")  # acquired while the verifier runs
+        for lease in after:
+            assert lease._hold.confirmed == client._epoch, lease
+        verifier = client._verifier
+        assert verifier is not None
+        await asyncio.wait_for(asyncio.shield(verifier), 20)
+        for lease in before:  # verified in the new epoch, not lost
+            assert lease._hold.confirmed == client._epoch and not lease.lost, lease
+        more = await _one_of_each(client, "c")
+        assert client._verifier is verifier and verifier.done(), "no verification needed"
+        for lease in before + after + more:
+            await lease.release()
+        await assert_clean(client)
+
+
+async def test_hold_granted_across_a_reset_is_verified_at_once(
+    fresh_server: ServerProcess,
+) -> None:
+    """An acquire sent before a reset and answered after it installs a hold
+    from an older epoch: it is verified at once, even though the verifier the
+    reset started found nothing to verify and ended."""
+    async with (
+        Client.from_url(fresh_server.url, prefix="cf", lease=LEASE) as client,
+        Client.from_url(fresh_server.url, prefix="cf", lease=LEASE) as other,
+    ):
+        busy = await other.lock("busy").acquire()
+        waiter = asyncio.create_task(client.lock("busy").acquire())  # connects the listener
+        await eventually(lambda: fresh_server.client_count("pubsub") >= 1, what="listener")
+        epoch = client._epoch
+        fresh_server.execute("CLIENT", "PAUSE", "30000", "WRITE")  # holds back scripts
+        try:
+            on_the_wire = len(client._mux._pending)
+            acquire = asyncio.create_task(client.semaphore("s", 2).acquire())
+            await eventually(
+                lambda: len(client._mux._pending) > on_the_wire, what="the acquire sent"
+            )
+            assert fresh_server.kill_pubsub_clients() >= 1  # a reset while it is held back
+            await eventually(lambda: client._epoch > epoch, what="the connection loss seen")
+            verifier = client._verifier
+            assert verifier is not None
+            await asyncio.wait_for(asyncio.shield(verifier), 20)  # nothing to verify yet
+            assert not acquire.done()
+        finally:
+            fresh_server.execute("CLIENT", "UNPAUSE")
+        permit = await asyncio.wait_for(acquire, 20)
+        # Granted, but confirmed only in the epoch it was sent in: checked at once.
+        await eventually(
+            lambda: permit._hold.confirmed == client._epoch, what="the new hold verified"
+        )
+        assert client._verifier is not verifier
+        await permit.release()
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await busy.release()
+        await assert_clean(client, other)

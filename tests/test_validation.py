@@ -188,3 +188,25 @@ def test_public_names_match_all() -> None:
     assert set(aiolock.__all__) == public - {"annotations"}
     for name in aiolock.__all__:
         assert getattr(aiolock, name).__module__.startswith("aiolock")
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://x", "schemes"),
+        ("redis://h:abc", "Port"),
+        ("redis://h:99999", "Port"),
+        ("redis://h/?socket_timeout=abc", "socket_timeout"),
+        ("redis://user:s3cret@h:abc/0", "Port"),
+    ],
+)
+def test_bad_url_is_an_invalid_argument(url: str, says: str) -> None:
+    """redis-py's ValueError for a URL it cannot parse reaches the user as an
+    InvalidArgumentError (cause: redis-py's) that says which URLs work, and
+    never shows a password."""
+    with pytest.raises(InvalidArgumentError) as info:
+        Client.from_url(url)
+    message = str(info.value)
+    assert says in message and "redis://[[user]:password@]host[:port][/db]" in message
+    assert "s3cret" not in message
+    assert type(info.value.__cause__) is ValueError

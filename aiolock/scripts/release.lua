@@ -5,13 +5,18 @@
 -- KEYS[3]  signal list  <prefix>:{<name>}:signal   (list-mode wake-ups, see _notify.lua)
 -- KEYS[4]  waiting set  <prefix>:{<name>}:wq       (targeted wake-ups, see _wake.lua)
 -- ARGV[1]  owner        "<client id>:<task serial>"
--- ARGV[2]  token        fencing token of the hold, or "" for "whatever hold this owner has"
---                       (used to undo an acquire whose reply was lost)
+-- ARGV[2]  token        fencing token of the hold, or "": the hold taken by the acquire
+--                       attempt ARGV[5] (the undo of an attempt whose reply was lost)
 -- ARGV[3]  channel      pub/sub channel of the lock: "1" (wake one) is sent on it and
 --                       pushed onto the signal list when the lock ends free and a
 --                       waiter that is not registered flagged it ("~n": list and
 --                       poll modes, spin and multi-locks)
 -- ARGV[4]  retention_ms TTL of the fence hash
+-- ARGV[5]  attempt      (only read when token is ""): the attempt id the hold must
+--                       carry in "~a" (see acquire.lua), or "" for a hold that
+--                       carries none (one handed over locally, see handoff.lua).
+--                       A hold of the same owner from another attempt (the same
+--                       task's next acquire) is not touched.
 --
 -- Returns 1 if this call released the hold: the lock is granted to the next
 --   registered waiter, if any (see _wake.lua), and is deleted otherwise.
@@ -23,10 +28,11 @@
 --@include _wake.lua
 --@include _types.lua
 check_types(KEYS, 'hash', 'hash', 'list', 'zset')
--- One read of the hash: the owner's entry, the hold's token, the flag.
-local hold = redis.call('HMGET', KEYS[1], ARGV[1], '~fence', '~n')
+-- One read of the hash: the owner's entry, the hold's token, the flag, the attempt.
+local hold = redis.call('HMGET', KEYS[1], ARGV[1], '~fence', '~n', '~a')
 local token = ARGV[2]
-local holder = hold[1] ~= false and (token == '' or hold[2] == token)
+local holder = hold[1] ~= false
+    and (hold[2] == token or (token == '' and (hold[4] or '') == ARGV[5]))
 if holder then
     token = hold[2]
     local untargeted = hold[3] ~= false
