@@ -331,3 +331,13 @@ async def test_fresh_acquire_after_local_loss_gets_a_new_token(client: Client) -
         again = await lock.acquire(lease=0.05)
         assert again.fencing_token > first.fencing_token
         await eventually(lambda again=again: again.lost, what="the fixed lease to run out")
+
+
+async def test_runs_on_the_parametrised_event_loop(request: pytest.FixtureRequest) -> None:
+    """The [uvloop] copies of the core suite really run on uvloop (conftest)."""
+    uvloop = pytest.importorskip("uvloop")
+    factory = request.node.callspec.params["_asyncio_loop_factory"]
+    on_uvloop = isinstance(asyncio.get_running_loop(), uvloop.Loop)
+    assert on_uvloop == (factory is uvloop.new_event_loop)
+    assert request.node.callspec.id in ("asyncio", "uvloop")
+    assert on_uvloop == (request.node.callspec.id == "uvloop")
