@@ -30,7 +30,13 @@ from aiolock import (
 )
 from aiolock._client import Notify
 from aiolock._rwlock import ReadLock, ReadWriteLock, WriteLock
-from tests.core_util import assert_clean, cancel_at_random, evalsha_calls, eventually
+from tests.core_util import (
+    assert_clean,
+    block_until,
+    cancel_at_random,
+    evalsha_calls,
+    eventually,
+)
 from tests.servers import RedisServer
 
 T = TypeVar("T")
@@ -549,11 +555,12 @@ async def test_cancel_after_script_ran_before_reply_read(
         await view.is_locked()  # connect first
         task = asyncio.create_task(view.acquire())
         await asyncio.sleep(0)  # the acquire is now on the wire
-        time.sleep(0.1)  # noqa: ASYNC251 (block the loop: the reply arrives, unread)
+        # Block the loop until the script ran: the reply arrives, unread.
+        fence = f"rw:{{{name}}}:fence"
+        block_until(lambda fence=fence: server.execute("EXISTS", fence) == 1, what="the script")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert server.execute("EXISTS", f"rw:{{{name}}}:fence") == 1, "the script did run"
         await assert_clean(client)
         await eventually(functools.partial(_gone, server, f"rw:{{{name}}}"), what="the undo")
         assert_nothing_held(server, name)
