@@ -26,8 +26,9 @@ async def client(url: str) -> AsyncIterator[Client]:
 
 @pytest.fixture
 async def client2(url: str) -> AsyncIterator[Client]:
-    # A short lease, so that its watchdog notices an evicted hold within 0.5 s.
-    async with Client.from_url(url, prefix="t", lease=1.5) as c:
+    # A short lease, so that its watchdog notices an evicted hold within 1.5 s;
+    # its holds survive 3 s of scheduling stall on a loaded machine.
+    async with Client.from_url(url, prefix="t", lease=4.5) as c:
         yield c
 
 
