@@ -220,12 +220,14 @@ except ImportError:  # Windows, or a bare install: the core suite runs on asynci
 #: The core lock suite also runs on uvloop (the README quotes uvloop figures):
 #: each of its async tests twice, ids ``[asyncio]`` and ``[uvloop]``.
 UVLOOP_MODULES = frozenset({"test_lock_basic.py", "test_cancellation.py", "test_leases.py"})
+#: ... but for the long multi-Client fuzz (a minute of a loaded CI machine per copy).
+NOT_ON_UVLOOP = frozenset({"test_random_cancellation_fuzz"})
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
     """pytest-asyncio's hook: the event loops each async test runs on."""
     factories: dict[str, Any] = {"asyncio": asyncio.new_event_loop}
-    if uvloop is not None and item.path.name in UVLOOP_MODULES:
+    if uvloop is not None and item.path.name in UVLOOP_MODULES and item.name not in NOT_ON_UVLOOP:
         factories["uvloop"] = uvloop.new_event_loop
     return factories
 
