@@ -275,12 +275,12 @@ async def test_force_release(client: Client, client2: Client) -> None:
 
 async def test_fixed_lease_has_fixed_ttl(client: Client) -> None:
     lock = client.lock("fixed")
-    lease = await lock.acquire(lease=2.5)
+    lease = await lock.acquire(lease=15)
     ttl = await lock.remaining_ttl()
-    assert ttl is not None and 1.0 < ttl <= 2.5
-    await lease.extend(20)
+    assert ttl is not None and 5 < ttl <= 15  # its own lease, not the Client's 30 s
+    await lease.extend(60)
     ttl = await lock.remaining_ttl()
-    assert ttl is not None and 15 < ttl <= 20
+    assert ttl is not None and 50 < ttl <= 60
     await lease.release()
 
 
