@@ -29,7 +29,6 @@ the script runner to reload the script (see ``Client._eval``).
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -45,11 +44,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ._errors import ClientClosedError, ServerRefusedError, ServerUnavailableError, from_redis
-
-try:  # part of redis[hiredis]; without it, redis-py's parser in a reader task
-    import hiredis
-except ImportError:  # pragma: no cover
-    hiredis = None  # type: ignore[assignment]
+from ._hiredis import hiredis
 
 __all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Orphan"]
 
@@ -106,7 +101,6 @@ class CommandConnection:
         # Resolved when nothing is pending any more (see drain()).
         self._idle: asyncio.Future[None] | None = None
         self._connect_task: asyncio.Task[None] | None = None
-        self._reader_task: asyncio.Task[None] | None = None
         self._replies = 0
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
@@ -237,16 +231,11 @@ class CommandConnection:
         self._conn = conn
         self._writer = writer
         self.connects += 1
-        if hiredis is not None:
-            # redis-py did the handshake (AUTH, SELECT, TLS...); from here on
-            # our protocol parses replies as they arrive and resolves the
-            # callers' futures at once: no reader task, one loop turn less.
-            self._protocol = _ReplyProtocol(self, conn, writer.transport)
-            writer.transport.set_protocol(self._protocol)
-        else:  # pragma: no cover
-            self._reader_task = asyncio.get_running_loop().create_task(
-                self._read(conn), name="aiolock-reader"
-            )
+        # redis-py did the handshake (AUTH, SELECT, TLS...); from here on
+        # our protocol parses replies as they arrive and resolves the
+        # callers' futures at once: no reader task, one loop turn less.
+        self._protocol = _ReplyProtocol(self, conn, writer.transport)
+        writer.transport.set_protocol(self._protocol)
         # Session set-up first (script loads), then whatever queued meanwhile.
         for args in self._on_connect():
             self._write(args)
@@ -277,25 +266,6 @@ class CommandConnection:
         else:
             fut.set_result(reply)
 
-    async def _read(self, conn: AbstractConnection) -> None:  # pragma: no cover
-        try:
-            while True:
-                error: BaseException | None = None
-                reply: Any = None
-                try:
-                    reply = await conn.read_response(timeout=math.inf)
-                except ResponseError as exc:
-                    error = _error(exc)
-                self._deliver(reply, error)
-        except asyncio.CancelledError:
-            self._drop(RedisConnectionError("aiolock command connection is closed"), conn)
-            raise
-        except Exception as exc:
-            self._drop(
-                exc if isinstance(exc, RedisConnectionError) else RedisConnectionError(str(exc)),
-                conn,
-            )
-
     def _drop(self, error: BaseException, conn: AbstractConnection | None = None) -> None:
         """Forget the current connection and fail every command pending on it,
         each with its own ConnectionFailedError caused by ``error`` (redis-py's)."""
@@ -317,10 +287,6 @@ class CommandConnection:
             self._idle.set_result(None)
         for fut, orphan in pending:
             _fail(fut, orphan, error)
-        reader = self._reader_task
-        self._reader_task = None
-        if reader is not None and reader is not asyncio.current_task():
-            reader.cancel()
         if conn is not None:
             writer = getattr(conn, "_writer", None)
             if isinstance(writer, asyncio.StreamWriter):
@@ -349,13 +315,7 @@ class CommandConnection:
                 await self._connect_task
             except BaseException:
                 pass
-        reader = self._reader_task
         self._drop(RedisConnectionError("aiolock command connection is closed"))
-        if reader is not None:
-            try:
-                await reader
-            except BaseException:
-                pass
         if self._closers:
             await asyncio.gather(*self._closers, return_exceptions=True)
 
@@ -420,7 +380,6 @@ class _ReplyProtocol(asyncio.Protocol):
     def __init__(
         self, owner: CommandConnection, conn: AbstractConnection, transport: asyncio.BaseTransport
     ) -> None:
-        assert hiredis is not None
         self._owner = owner
         self._conn = conn
         self.transport: asyncio.WriteTransport = transport  # type: ignore[assignment]

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 from collections import deque
 from collections.abc import Callable
@@ -41,11 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from ._connection import ConnectionFactory, pack, writer_of
 from ._errors import ClientClosedError
 from ._futures import expire, retrieve
-
-try:  # part of redis[hiredis]; without it, redis-py's parser in the listener task
-    import hiredis
-except ImportError:  # pragma: no cover
-    hiredis = None  # type: ignore[assignment]
+from ._hiredis import hiredis
 
 __all__ = ["WAKE_ALL", "WAKE_ONE", "Channel", "Listener"]
 
@@ -399,18 +394,13 @@ class Listener:
         loop = asyncio.get_running_loop()
         self._health_handle = loop.call_later(self._health_interval, self._health_check)
         try:
-            if hiredis is not None:
-                # redis-py did the handshake; from here on messages are parsed
-                # as they arrive and dispatched at once: a woken waiter runs on
-                # the next loop turn, with no listener task step in between.
-                ended: asyncio.Future[None] = loop.create_future()
-                ended.add_done_callback(retrieve)  # (it may end after we stopped waiting)
-                writer_of(conn).transport.set_protocol(_PubSubProtocol(self, ended))
-                await ended
-            else:  # pragma: no cover
-                while True:
-                    reply = await conn.read_response(timeout=math.inf)
-                    self._dispatch(reply)
+            # redis-py did the handshake; from here on messages are parsed
+            # as they arrive and dispatched at once: a woken waiter runs on
+            # the next loop turn, with no listener task step in between.
+            ended: asyncio.Future[None] = loop.create_future()
+            ended.add_done_callback(retrieve)  # (it may end after we stopped waiting)
+            writer_of(conn).transport.set_protocol(_PubSubProtocol(self, ended))
+            await ended
         finally:
             self._health_timer_cancel()
 
@@ -474,7 +464,6 @@ class _PubSubProtocol(asyncio.Protocol):
     hands each to ``Listener._dispatch``; ``ended`` fails when the link does."""
 
     def __init__(self, listener: Listener, ended: asyncio.Future[None]) -> None:
-        assert hiredis is not None
         self._listener = listener
         self._ended = ended
         self._parser = hiredis.Reader()

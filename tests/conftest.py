@@ -106,7 +106,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if mode == "docker":
         return ["aiolock servers: docker (testcontainers)"]
     found = ", ".join(f"{kind}={binary_for(kind) or 'MISSING'}" for kind in KINDS)
-    return [f"aiolock servers: local processes ({found}); CI={_in_ci()}"]
+    loops = "asyncio + uvloop" if uvloop is not None else "asyncio only (uvloop MISSING)"
+    return [
+        f"aiolock servers: local processes ({found}); CI={_in_ci()}",
+        f"aiolock core suite loops: {loops}",
+    ]
 
 
 # --------------------------------------------------------------------------- servers
@@ -207,6 +211,25 @@ async def proxy(server: RedisServer) -> AsyncIterator[TcpProxy]:
 
 
 # --------------------------------------------------------------------------- asyncio
+
+try:
+    import uvloop
+except ImportError:  # Windows, or a bare install: the core suite runs on asyncio only
+    uvloop = None  # type: ignore[assignment]
+
+#: The core lock suite also runs on uvloop (the README quotes uvloop figures):
+#: each of its async tests twice, ids ``[asyncio]`` and ``[uvloop]``.
+UVLOOP_MODULES = frozenset({"test_lock_basic.py", "test_cancellation.py", "test_leases.py"})
+#: ... but for the long multi-Client fuzz (a minute of a loaded CI machine per copy).
+NOT_ON_UVLOOP = frozenset({"test_random_cancellation_fuzz"})
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
+    """pytest-asyncio's hook: the event loops each async test runs on."""
+    factories: dict[str, Any] = {"asyncio": asyncio.new_event_loop}
+    if uvloop is not None and item.path.name in UVLOOP_MODULES and item.name not in NOT_ON_UVLOOP:
+        factories["uvloop"] = uvloop.new_event_loop
+    return factories
 
 
 def _format_loop_error(context: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -96,3 +97,29 @@ async def cancel_at_random(
             if requested.get(task):
                 assert task.cancelled(), "a delivered cancellation was swallowed"
     return cancelled
+
+
+def block_until(predicate: Callable[[], bool], *, within: float = 10.0, what: str = "") -> None:
+    """Block the whole event loop (a synchronous poll) until ``predicate()``.
+
+    For "the server did it, the reply is not read yet" set-ups: the predicate
+    asks the server over its own connection (``server.execute``), so the
+    verdict waits for the event rather than for a guessed sleep.
+    """
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within} s waiting for {what or predicate}")
+        time.sleep(0.002)
+
+
+def pubsub_subscribers(server: RedisServer, channel: str) -> int:
+    """Subscribers of ``channel`` on the server (PUBSUB NUMSUB)."""
+    reply = server.execute("PUBSUB", "NUMSUB", channel)
+    return int(reply[1])
+
+
+def blocked_clients(server: RedisServer) -> int:
+    """Connections blocked in BLPOP & co. on the server (INFO clients)."""
+    return int(server.info("clients")["blocked_clients"])
+

@@ -50,8 +50,19 @@ def test_quick_benchmark_writes_results(tmp_path: Path) -> None:
            "--libs", ",".join(libs)]  # fmt: skip
     if importlib.util.find_spec("matplotlib") is None:
         cmd.append("--no-plots")
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=170)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Every temporary directory the command makes (its server's, the worker
+    # logs it keeps for inspection) goes under tmp_path, and is removed here:
+    # nothing is left in the system's /tmp.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=170, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        left = sorted(p.name for p in tmp.iterdir())
+        assert [name.rsplit("-", 1)[0] for name in left] == ["aiolock-bench-logs"], left
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     results = (tmp_path / "RESULTS.md").read_text()
     for section in SECTIONS:
         assert section in results, f"missing {section!r} in RESULTS.md:\n{results[:3000]}"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
@@ -16,7 +15,7 @@ import pytest
 
 from aiolock import Client, Lease
 from aiolock._listener import Channel
-from tests.core_util import assert_clean, cancel_at_random, eventually
+from tests.core_util import assert_clean, block_until, cancel_at_random, eventually
 from tests.servers import RedisServer
 
 
@@ -40,11 +39,11 @@ async def test_cancel_after_script_ran_before_reply_read(
     await lock.is_locked()  # connect first
     task = asyncio.create_task(lock.acquire())
     await asyncio.sleep(0)  # the acquire is now on the wire
-    time.sleep(0.1)  # noqa: ASYNC251 (block the loop: the reply arrives, unread)
+    # Block the loop until the script ran: the reply arrives, unread.
+    block_until(lambda: server.execute("EXISTS", "c:{late}:fence") == 1, what="the script")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert server.execute("EXISTS", "c:{late}:fence") == 1, "the script did run"
     await assert_clean(client)
     assert server.execute("EXISTS", "c:{late}") == 0, "the undo released the hold"
 

@@ -150,6 +150,10 @@ def test_run_passes_the_exit_code_on() -> None:
     assert proc.returncode == 7, proc.stdout + proc.stderr
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_server_runs_until_interrupted() -> None:
     try:
         find_binary()
@@ -163,6 +167,10 @@ def test_server_runs_until_interrupted() -> None:
         stderr=subprocess.STDOUT,
         text=True,
         env=env,
+        # A terminal's Ctrl-C: the default disposition, even when the suite
+        # itself was started in the background (a non-interactive shell
+        # starts background jobs with SIGINT ignored, and children inherit it).
+        preexec_fn=_default_sigint,
     ) as proc:
         try:
             assert proc.stdout is not None

@@ -26,8 +26,9 @@ async def client(url: str) -> AsyncIterator[Client]:
 
 @pytest.fixture
 async def client2(url: str) -> AsyncIterator[Client]:
-    # A short lease, so that its watchdog notices an evicted hold within 0.5 s.
-    async with Client.from_url(url, prefix="t", lease=1.5) as c:
+    # A short lease, so that its watchdog notices an evicted hold within 1.5 s;
+    # its holds survive 3 s of scheduling stall on a loaded machine.
+    async with Client.from_url(url, prefix="t", lease=4.5) as c:
         yield c
 
 
@@ -274,12 +275,12 @@ async def test_force_release(client: Client, client2: Client) -> None:
 
 async def test_fixed_lease_has_fixed_ttl(client: Client) -> None:
     lock = client.lock("fixed")
-    lease = await lock.acquire(lease=2.5)
+    lease = await lock.acquire(lease=15)
     ttl = await lock.remaining_ttl()
-    assert ttl is not None and 1.0 < ttl <= 2.5
-    await lease.extend(20)
+    assert ttl is not None and 5 < ttl <= 15  # its own lease, not the Client's 30 s
+    await lease.extend(60)
     ttl = await lock.remaining_ttl()
-    assert ttl is not None and 15 < ttl <= 20
+    assert ttl is not None and 50 < ttl <= 60
     await lease.release()
 
 
@@ -331,3 +332,13 @@ async def test_fresh_acquire_after_local_loss_gets_a_new_token(client: Client) -
         again = await lock.acquire(lease=0.05)
         assert again.fencing_token > first.fencing_token
         await eventually(lambda again=again: again.lost, what="the fixed lease to run out")
+
+
+async def test_runs_on_the_parametrised_event_loop(request: pytest.FixtureRequest) -> None:
+    """The [uvloop] copies of the core suite really run on uvloop (conftest)."""
+    uvloop = pytest.importorskip("uvloop")
+    factory = request.node.callspec.params["_asyncio_loop_factory"]
+    on_uvloop = isinstance(asyncio.get_running_loop(), uvloop.Loop)
+    assert on_uvloop == (factory is uvloop.new_event_loop)
+    assert request.node.callspec.id in ("asyncio", "uvloop")
+    assert on_uvloop == (request.node.callspec.id == "uvloop")

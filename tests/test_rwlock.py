@@ -30,7 +30,13 @@ from aiolock import (
 )
 from aiolock._client import Notify
 from aiolock._rwlock import ReadLock, ReadWriteLock, WriteLock
-from tests.core_util import assert_clean, cancel_at_random, evalsha_calls, eventually
+from tests.core_util import (
+    assert_clean,
+    block_until,
+    cancel_at_random,
+    evalsha_calls,
+    eventually,
+)
 from tests.servers import RedisServer
 
 T = TypeVar("T")
@@ -50,10 +56,15 @@ async def client(url: str, notify: Notify) -> AsyncIterator[Client]:
         yield c
 
 
+#: The shortest watchdog lease in these tests: renewed every 1.5 s, a hold
+#: survives 3 s of scheduling stall on a loaded machine.
+SHORT = 4.5
+
+
 @pytest.fixture
 async def other(url: str, notify: Notify) -> AsyncIterator[Client]:
-    # A short lease: its watchdog renews every 0.4 s and finds a lost hold fast.
-    async with Client.from_url(url, prefix="rw", notify=notify, lease=1.2) as c:
+    # A short lease: its watchdog renews every 1.5 s and finds a lost hold fast.
+    async with Client.from_url(url, prefix="rw", notify=notify, lease=SHORT) as c:
         yield c
 
 
@@ -334,7 +345,7 @@ import asyncio, sys
 from aiolock import Client
 
 async def main():
-    async with Client.from_url(sys.argv[1], prefix="rw", lease=0.6) as c:
+    async with Client.from_url(sys.argv[1], prefix="rw", lease=float(sys.argv[2])) as c:
         await c.rw_lock("crash").read.acquire()
         print(c.id, flush=True)
         await asyncio.sleep(60)
@@ -346,7 +357,7 @@ asyncio.run(main())
 async def test_crashed_reader_does_not_pin_the_lock(
     url: str, client: Client, other: Client, server: RedisServer
 ) -> None:
-    """A SIGKILLed reader (watchdog lease 0.6 s) is gone within its lease, while
+    """A SIGKILLed reader (watchdog lease 4.5 s) is gone within its lease, while
     other readers keep the lock busy, and then a writer gets in."""
     stop = asyncio.Event()
     reads = 0
@@ -360,7 +371,7 @@ async def test_crashed_reader_does_not_pin_the_lock(
                 await asyncio.sleep(0.03)
 
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", CRASHER, url, stdout=asyncio.subprocess.PIPE
+        sys.executable, "-c", CRASHER, url, str(SHORT), stdout=asyncio.subprocess.PIPE
     )
     try:
         assert proc.stdout is not None
@@ -381,9 +392,9 @@ async def test_crashed_reader_does_not_pin_the_lock(
 
     assert crashed_fields(), "the crashed reader's hold should still be there"
     at_kill = reads
-    await eventually(lambda: not crashed_fields(), timeout=5, what="the crashed hold to go")
+    await eventually(lambda: not crashed_fields(), timeout=SHORT + 10, what="the crashed hold")
     gone_after = time.monotonic() - killed_at
-    assert gone_after < 0.6 + 1.5, f"the crashed reader pinned the lock for {gone_after:.2f} s"
+    assert gone_after < SHORT + 3, f"the crashed reader pinned the lock for {gone_after:.2f} s"
     assert reads > at_kill + 5, "other readers did not go on"
     stop.set()
     await asyncio.wait_for(asyncio.gather(*readers), 10)
@@ -501,13 +512,13 @@ async def test_lost_lease_cancels_the_body(client: Client, other: Client) -> Non
                 assert await side_of(client.rw_lock("lost"), side).force_release()
                 start = loop.time()
                 await asyncio.sleep(30)
-        assert loop.time() - start < 5, side  # one renewal round of the 1.2 s lease
+        assert loop.time() - start < SHORT, side  # one renewal round (1.5 s), not a lease
         assert lease.lost and seen == [lease], side
     await assert_clean(client, other)
 
 
 async def test_watchdog_renews_read_and_write_holds(url: str, notify: Notify) -> None:
-    async with Client.from_url(url, prefix="rw", notify=notify, lease=0.6) as other:
+    async with Client.from_url(url, prefix="rw", notify=notify, lease=SHORT) as other:
         await _renew_both(other)
 
 
@@ -518,12 +529,12 @@ async def _renew_both(other: Client) -> None:
         w = await rw.write.acquire()
         r = await rw.read.acquire()
         rounds = other._watchdog.rounds
-        await eventually(lambda: other._watchdog.rounds >= rounds + 4, what="4 renewals")
-        # 4 renewals at 0.2 s > the 0.6 s lease: only the watchdog kept them.
+        await eventually(lambda: other._watchdog.rounds >= rounds + 4, what="4", timeout=30)
+        # 4 renewals at 1.5 s > the 4.5 s lease: only the watchdog kept them.
         assert await rw.write.is_owned() and await rw.read.is_owned()
         assert not w.lost and not r.lost
         ttl = await rw.read.remaining_ttl()
-        assert ttl is not None and 0.2 < ttl <= 0.6
+        assert ttl is not None and 0 < ttl <= SHORT  # the Client's lease, not 30 s
         await w.release()
         await r.release()
 
@@ -544,11 +555,12 @@ async def test_cancel_after_script_ran_before_reply_read(
         await view.is_locked()  # connect first
         task = asyncio.create_task(view.acquire())
         await asyncio.sleep(0)  # the acquire is now on the wire
-        time.sleep(0.1)  # noqa: ASYNC251 (block the loop: the reply arrives, unread)
+        # Block the loop until the script ran: the reply arrives, unread.
+        fence = f"rw:{{{name}}}:fence"
+        block_until(lambda fence=fence: server.execute("EXISTS", fence) == 1, what="the script")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert server.execute("EXISTS", f"rw:{{{name}}}:fence") == 1, "the script did run"
         await assert_clean(client)
         await eventually(functools.partial(_gone, server, f"rw:{{{name}}}"), what="the undo")
         assert_nothing_held(server, name)

@@ -40,22 +40,23 @@ async def test_spin_lock_never_subscribes(client: Client, other: Client) -> None
 
 
 async def test_last_sleep_is_cut_to_the_deadline(client: Client, other: Client) -> None:
-    """The issue's case, scaled 10x down: a doubling backoff from 5 ms sleeps
-    5, 10, 20, 40, 80, 160 ms (315 ms in all); the next sleep, 320 ms, would
-    end at 635 ms. The lock is freed at 316 ms and the wait is 500 ms: a
-    naive spinner gives up at 500 ms; ours sleeps only to the deadline and
-    makes one last attempt there, and gets the lock.
+    """The issue's case, stretched so that scheduling stalls of a loaded
+    machine (seconds) cannot decide it: a backoff from 0.5 s, x4, tries at
+    0, 0.5 and 2.5 s; its next sleep, 8 s, would end at 10.5 s. The lock is
+    freed at 2.6 s and the wait is 6 s: a naive spinner gives up at 6 s (or
+    gets the lock at 10.5 s); ours sleeps only to the deadline and makes one
+    last attempt there, and gets the lock.
     """
-    backoff = Backoff(initial=0.005, factor=2.0, maximum=10.0, jitter=0.0)
+    backoff = Backoff(initial=0.5, factor=4.0, maximum=100.0, jitter=0.0)
     spin = client.spin_lock("deadline", backoff=backoff)
     held = await other.lock("deadline").acquire()
     loop = asyncio.get_running_loop()
     start = loop.time()
-    loop.call_later(0.316, lambda: asyncio.ensure_future(held.release()))
-    lease = await spin.try_acquire(0.5)
+    loop.call_later(2.6, lambda: asyncio.ensure_future(held.release()))
+    lease = await spin.try_acquire(6)
     elapsed = loop.time() - start
     assert lease is not None, "gave up although the lock was free before the deadline"
-    assert elapsed < 0.5 + 1.0  # at the deadline (plus a reply), never a whole 320 ms sleep late
+    assert elapsed < 6 + 3  # at the deadline (plus slack), not after the 8 s sleep (10.5 s)
     await lease.release()
     await assert_clean(client, other)
 
@@ -65,10 +66,11 @@ async def test_spin_timeout_is_honoured(client: Client, other: Client) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
     with pytest.raises(LockTimeoutError):
-        await client.spin_lock("busy", backoff=Backoff(initial=0.2, maximum=5)).acquire(
-            timeout=0.3
+        # Tries at 0 and 1.5 s; the next sleep (6 s) would end at 7.5 s.
+        await client.spin_lock("busy", backoff=Backoff(initial=1.5, factor=4, maximum=60)).acquire(
+            timeout=2
         )
-    assert loop.time() - start < 0.3 + 1.0
+    assert loop.time() - start < 2 + 3  # at the timeout (plus slack), not at 7.5 s
     await held.release()
 
 

@@ -15,7 +15,6 @@ import asyncio
 import os
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
@@ -23,7 +22,7 @@ import pytest
 
 from aiolock import Client, ClientClosedError, Lease
 from aiolock._notify import ListWaiter
-from tests.core_util import assert_clean, evalsha_calls, eventually
+from tests.core_util import assert_clean, block_until, evalsha_calls, eventually
 from tests.servers import RedisServer, TcpProxy
 
 PREFIX = "wk"
@@ -135,10 +134,11 @@ async def test_a_wake_up_aimed_at_a_client_that_gave_up_is_passed_on(
     i = await _first_registered(waiters, server)
     target = waiters[i]
     loop = asyncio.get_running_loop()
+    calls = evalsha_calls(server)
     release = asyncio.create_task(held.release())
     await asyncio.sleep(0)  # the release is on the wire
     # Block the loop: Redis runs the release and aims the wake-up at `target` ...
-    time.sleep(0.1)  # noqa: ASYNC251
+    block_until(lambda: evalsha_calls(server) > calls, what="the release script")
     # ... which gives up before it could try.
     if how == "cancelled":
         tasks[i].cancel()
@@ -233,9 +233,11 @@ async def test_a_grant_to_a_task_that_gave_up_goes_to_the_next_local_task(
     behind = asyncio.create_task(waiter.lock("n").acquire())
     await eventually(lambda: waiter.statistics().waiting == 2, what="a second local waiter")
     loop = asyncio.get_running_loop()
+    calls = evalsha_calls(server)
     release = asyncio.create_task(held.release())
     await asyncio.sleep(0)  # the release is on the wire
-    time.sleep(0.1)  # noqa: ASYNC251  (Redis grants the lock to `head` meanwhile)
+    # Block the loop until Redis ran the release (it grants the lock to `head`).
+    block_until(lambda: evalsha_calls(server) > calls, what="the release script")
     head.cancel()
     started = loop.time()
     await release
