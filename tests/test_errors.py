@@ -267,7 +267,9 @@ async def test_outage_longer_than_timeout(fresh_server: ServerProcess) -> None:
         Client.from_url(fresh_server.url, prefix="e", notify="poll", backoff=poll) as waiter,
     ):
         held = await holder.lock("t").acquire()
-        waiting = asyncio.create_task(waiter.lock("t").acquire(timeout=1.0))
+        # A timeout of seconds, so that a stall before the kill cannot run it
+        # out while the lock is merely busy (that would be LockTimeoutError).
+        waiting = asyncio.create_task(waiter.lock("t").acquire(timeout=5.0))
         await eventually(lambda: waiter.statistics().waiting == 1, what="the waiter waits")
         fresh_server.kill()
         with pytest.raises(ConnectionFailedError) as info:

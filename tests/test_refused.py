@@ -329,7 +329,7 @@ async def test_refused_release_keeps_the_hold(
     """The hold stays the caller's, in Redis and in the Client: the watchdog
     still renews it, and once the key is fixed the release goes through (with
     another task of the Client waiting, the release is a handoff to it)."""
-    async with Client.from_url(url, prefix="t", lease=1.5) as client:
+    async with Client.from_url(url, prefix="t", lease=4.5) as client:
         await _refused_release_keeps_the_hold(client, admin, local_waiter)
 
 
