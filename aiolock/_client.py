@@ -25,8 +25,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._connection import CommandConnection, Orphan
-from ._errors import (
+from ._core.connection import CommandConnection, Orphan
+from ._core.errors import (
     ClientClosedError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -34,23 +34,23 @@ from ._errors import (
     asyncio_required,
     from_redis,
 )
-from ._futures import Outcome
-from ._lease import Hold, Lease, LostCallback, call_lost_callback
-from ._listener import Listener
-from ._lock import AsyncLock
-from ._notify import Backoff, ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
-from ._owner import task_serial
-from ._scripts import Script, load_scripts, refused
-from ._validate import check_lease, check_prefix, check_seconds, to_ms
-from ._watchdog import Watchdog
+from ._core.futures import Outcome
+from ._core.lease import Hold, Lease, LostCallback, call_lost_callback
+from ._core.listener import Listener
+from ._core.notify import Backoff, ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
+from ._core.owner import task_serial
+from ._core.scripts import Script, load_scripts, refused
+from ._core.validate import check_lease, check_prefix, check_seconds, to_ms
+from ._core.watchdog import Watchdog
+from ._primitives.lock import AsyncLock
 
 if TYPE_CHECKING:
-    from ._fair import FairLock
-    from ._latch import Latch
-    from ._multi import MultiLock
-    from ._rwlock import ReadWriteLock
-    from ._semaphore import Semaphore
-    from ._spin import SpinLock
+    from ._primitives.fair import FairLock
+    from ._primitives.latch import Latch
+    from ._primitives.multi import MultiLock
+    from ._primitives.rwlock import ReadWriteLock
+    from ._primitives.semaphore import Semaphore
+    from ._primitives.spin import SpinLock
 
 __all__ = ["Client", "ClientStatistics", "Notify"]
 
@@ -246,37 +246,37 @@ class Client:
 
     def fair_lock(self, name: str) -> FairLock:
         """A reentrant lock granted in strict FIFO order across all Clients."""
-        from ._fair import FairLock
+        from ._primitives.fair import FairLock
 
         return FairLock(self, name)
 
     def rw_lock(self, name: str) -> ReadWriteLock:
         """A read-write lock: ``.read`` (shared) and ``.write`` (exclusive)."""
-        from ._rwlock import ReadWriteLock
+        from ._primitives.rwlock import ReadWriteLock
 
         return ReadWriteLock(self, name)
 
     def semaphore(self, name: str, permits: int) -> Semaphore:
         """At most ``permits`` holders at once; every permit is a lease."""
-        from ._semaphore import Semaphore
+        from ._primitives.semaphore import Semaphore
 
         return Semaphore(self, name, permits)
 
     def spin_lock(self, name: str, *, backoff: Backoff | None = None) -> SpinLock:
         """The AsyncLock protocol without pub/sub: capped exponential backoff."""
-        from ._spin import SpinLock
+        from ._primitives.spin import SpinLock
 
         return SpinLock(self, name, backoff=backoff)
 
     def multi_lock(self, *locks: AsyncLock) -> MultiLock:
         """All or nothing over several locks, taken in a fixed order."""
-        from ._multi import MultiLock
+        from ._primitives.multi import MultiLock
 
         return MultiLock(self, *locks)
 
     def latch(self, name: str, count: int) -> Latch:
         """A distributed count-down latch."""
-        from ._latch import Latch
+        from ._primitives.latch import Latch
 
         return Latch(self, name, count)
 
@@ -597,7 +597,7 @@ class Client:
             outcome.set_result(code)
 
     async def _extend_hold(self, hold: Hold, seconds: float) -> None:
-        from ._errors import LockNotOwnedError
+        from ._core.errors import LockNotOwnedError
 
         loop = asyncio.get_running_loop()
         sent = loop.time()
@@ -713,7 +713,7 @@ class Client:
 
     async def _verify_round(self, holds: list[Hold], sent: float) -> bool:
         """One verification of ``holds``; False if some call failed."""
-        from ._watchdog import plan_batches
+        from ._core.watchdog import plan_batches
 
         calls: list[tuple[list[Hold], float | None, asyncio.Future[Any]]] = []
         by_script: dict[str, list[Hold]] = {}

@@ -14,7 +14,7 @@ from contextlib import AsyncExitStack
 import pytest
 
 from aiolock import Client, Lease
-from aiolock._listener import Channel
+from aiolock._core.listener import Channel
 from tests.core_util import assert_clean, block_until, cancel_at_random, eventually
 from tests.servers import RedisServer
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from aiolock import Client, LockLostError
-from aiolock._lock import COHORT_BOUND
+from aiolock._primitives.lock import COHORT_BOUND
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from aiolock._demo import handoffs
-from aiolock._embedded import find_binary, free_port, ping
+from aiolock.cli.demo import handoffs
+from aiolock.cli.embedded import find_binary, free_port, ping
 from tests.servers import RedisServer
 
 TINY = ["--processes", "2", "--tasks", "8", "--locks", "2", "--duration", "1", "--plain"]

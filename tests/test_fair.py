@@ -30,9 +30,9 @@ from aiolock import (
     LockNotOwnedError,
     LockTimeoutError,
 )
-from aiolock._fair import FairLock, _FairState
-from aiolock._listener import WAKE_ALL, Channel
-from aiolock._notify import ListWaiter
+from aiolock._core.listener import WAKE_ALL, Channel
+from aiolock._core.notify import ListWaiter
+from aiolock._primitives.fair import FairLock, _FairState
 from tests.core_util import (
     assert_clean,
     block_until,

@@ -18,7 +18,7 @@ from aiolock import (
     InvalidArgumentTypeError,
     LockTimeoutError,
 )
-from aiolock._latch import Latch
+from aiolock._primitives.latch import Latch
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
 

@@ -14,7 +14,7 @@ from aiolock import (
     LockLostError,
     LockTimeoutError,
 )
-from aiolock._multi import MultiLease, MultiLock
+from aiolock._primitives.multi import MultiLease, MultiLock
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
 

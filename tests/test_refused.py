@@ -25,7 +25,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from aiolock import Client
-from aiolock._scripts import Script, script_names
+from aiolock._core.scripts import Script, script_names
 from tests.core_util import eventually
 
 # Every key of a name "n" (prefix "t") is "t:{n}" + suffix.

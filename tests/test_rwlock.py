@@ -29,7 +29,7 @@ from aiolock import (
     ServerRefusedError,
 )
 from aiolock._client import Notify
-from aiolock._rwlock import ReadLock, ReadWriteLock, WriteLock
+from aiolock._primitives.rwlock import ReadLock, ReadWriteLock, WriteLock
 from tests.core_util import (
     assert_clean,
     block_until,

@@ -22,7 +22,7 @@ from aiolock import (
     LockLostError,
     LockNotOwnedError,
 )
-from aiolock._semaphore import Permit, Semaphore
+from aiolock._primitives.semaphore import Permit, Semaphore
 from tests.core_util import assert_clean, block_until, cancel_at_random, eventually
 from tests.servers import RedisServer
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from aiolock import Backoff, Client, InvalidArgumentError, LockTimeoutError
-from aiolock._spin import SpinLock
+from aiolock._primitives.spin import SpinLock
 from tests.core_util import assert_clean
 
 
@@ -91,7 +91,7 @@ def test_backoff_validation_and_shape() -> None:
 
 def test_ttl_hint_never_waits_a_lease_for_an_expiring_holder() -> None:
     """PTTL 0 (under a millisecond left) once made a waiter sleep a whole lease."""
-    from aiolock._primitive import ttl_hint
+    from aiolock._primitives.base import ttl_hint
 
     assert ttl_hint(-1) is None  # no TTL: wait for the release message
     assert ttl_hint(0) == 0.001

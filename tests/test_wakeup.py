@@ -21,7 +21,7 @@ from contextlib import AsyncExitStack
 import pytest
 
 from aiolock import Client, ClientClosedError, Lease
-from aiolock._notify import ListWaiter
+from aiolock._core.notify import ListWaiter
 from tests.core_util import assert_clean, block_until, evalsha_calls, eventually
 from tests.servers import RedisServer, TcpProxy
 

@@ -46,7 +46,7 @@ from typing import Any, TextIO
 import redis
 import redis.asyncio as aioredis
 
-from ._embedded import NoServerBinaryError, Resolved, resolve
+from aiolock.cli.embedded import NoServerBinaryError, Resolved, resolve
 
 __all__ = ["add_arguments", "run"]
 
@@ -150,7 +150,7 @@ def _worker_entry(cfg: Config, wid: int, out: Any, go: Any, start_at: Any) -> No
 
 
 async def _worker(cfg: Config, wid: int, out: Any, go: Any, start_at: Any) -> None:
-    from . import Client, LockLostError, LockTimeoutError
+    from aiolock import Client, LockLostError, LockTimeoutError
 
     loop = asyncio.get_running_loop()
     stats = _WorkerStats()

@@ -40,16 +40,16 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ._connection import DID_NOT_RUN
-from ._errors import ClientClosedError, LockNotOwnedError, LockTimeoutError, LockUpgradeError
-from ._futures import expire
-from ._lease import Hold, Lease
-from ._notify import Waiter
-from ._primitive import Acquirable, Primitive, _Entry, compete, current_task
-from ._validate import to_ms
+from .._core.connection import DID_NOT_RUN
+from .._core.errors import ClientClosedError, LockNotOwnedError, LockTimeoutError, LockUpgradeError
+from .._core.futures import expire
+from .._core.lease import Hold, Lease
+from .._core.notify import Waiter
+from .._core.validate import to_ms
+from .base import Acquirable, Primitive, _Entry, compete, current_task
 
 if TYPE_CHECKING:
-    from ._client import Client
+    from .._client import Client
 
 __all__ = ["ReadLock", "ReadWriteLock", "WriteLock"]
 

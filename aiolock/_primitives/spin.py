@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._errors import InvalidArgumentTypeError
-from ._lock import AsyncLock
-from ._notify import Backoff, PollWaiter, Waiter
+from .._core.errors import InvalidArgumentTypeError
+from .._core.notify import Backoff, PollWaiter, Waiter
+from .lock import AsyncLock
 
 if TYPE_CHECKING:
-    from ._client import Client
+    from .._client import Client
 
 __all__ = ["SpinLock"]
 

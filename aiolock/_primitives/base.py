@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, Protocol, Ty
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._errors import (
+from .._core.errors import (
     ClientClosedError,
     ConnectionFailedError,
     InvalidArgumentError,
@@ -41,12 +41,12 @@ from ._errors import (
     asyncio_required,
     from_redis,
 )
-from ._lease import Hold, Lease
-from ._notify import Waiter
-from ._validate import check_lease, check_name, check_timeout
+from .._core.lease import Hold, Lease
+from .._core.notify import Waiter
+from .._core.validate import check_lease, check_name, check_timeout
 
 if TYPE_CHECKING:
-    from ._client import Client
+    from .._client import Client
 
 __all__ = [
     "REPLY_GRACE",

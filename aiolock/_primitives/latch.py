@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import NoScriptError
 
-from ._errors import InvalidArgumentError, InvalidArgumentTypeError
-from ._futures import retrieve
-from ._primitive import Primitive, compete
-from ._validate import check_timeout
+from .._core.errors import InvalidArgumentError, InvalidArgumentTypeError
+from .._core.futures import retrieve
+from .._core.validate import check_timeout
+from .base import Primitive, compete
 
 if TYPE_CHECKING:
-    from ._client import Client
+    from .._client import Client
 
 __all__ = ["MAX_COUNT", "Latch"]
 

@@ -15,12 +15,12 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._errors import LockNotOwnedError
-from ._futures import Outcome
-from ._validate import check_seconds
+from .errors import LockNotOwnedError
+from .futures import Outcome
+from .validate import check_seconds
 
 if TYPE_CHECKING:
-    from ._client import Client
+    from .._client import Client
 
 __all__ = ["Hold", "Lease", "LostCallback"]
 

@@ -35,10 +35,10 @@ from typing import Protocol
 
 from redis.asyncio.connection import AbstractConnection
 
-from ._connection import ConnectionFactory
-from ._errors import ClientClosedError, InvalidArgumentError
-from ._listener import Channel, Listener
-from ._validate import check_seconds
+from .connection import ConnectionFactory
+from .errors import ClientClosedError, InvalidArgumentError
+from .listener import Channel, Listener
+from .validate import check_seconds
 
 __all__ = ["Backoff", "ListWaiter", "PollWaiter", "PubSubWaiter", "SignalHub", "Waiter"]
 

@@ -37,10 +37,10 @@ from collections.abc import Callable
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ._connection import ConnectionFactory, pack, writer_of
-from ._errors import ClientClosedError
-from ._futures import expire, retrieve
-from ._hiredis import hiredis
+from .connection import ConnectionFactory, pack, writer_of
+from .errors import ClientClosedError
+from .futures import expire, retrieve
+from .hiredis import hiredis
 
 __all__ = ["WAKE_ALL", "WAKE_ONE", "Channel", "Listener"]
 

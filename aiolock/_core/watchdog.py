@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from ._client import Client
+    from .._client import Client
 
 __all__ = ["BATCH", "Renewable", "Watchdog", "plan_batches"]
 

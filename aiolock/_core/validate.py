@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ._errors import InvalidArgumentError, InvalidArgumentTypeError
+from .errors import InvalidArgumentError, InvalidArgumentTypeError
 
 #: Leases and timeouts above this are refused: Redis TTLs are 64-bit
 #: milliseconds, but a lease of more than a year is a bug, not a wish.

@@ -43,8 +43,8 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ._errors import ClientClosedError, ServerRefusedError, ServerUnavailableError, from_redis
-from ._hiredis import hiredis
+from .errors import ClientClosedError, ServerRefusedError, ServerUnavailableError, from_redis
+from .hiredis import hiredis
 
 __all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Orphan"]
 

@@ -40,17 +40,17 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ._connection import DID_NOT_RUN
-from ._errors import ClientClosedError
-from ._futures import expire, retrieve
-from ._lease import Hold, Lease
-from ._listener import WAKE_ALL, Channel
-from ._owner import task_serial
-from ._primitive import SingleHolder, _Entry, compete, current_task, ttl_hint
-from ._validate import to_ms
+from .._core.connection import DID_NOT_RUN
+from .._core.errors import ClientClosedError
+from .._core.futures import expire, retrieve
+from .._core.lease import Hold, Lease
+from .._core.listener import WAKE_ALL, Channel
+from .._core.owner import task_serial
+from .._core.validate import to_ms
+from .base import SingleHolder, _Entry, compete, current_task, ttl_hint
 
 if TYPE_CHECKING:
-    from ._client import Client
+    from .._client import Client
 
 __all__ = ["FairLock"]
 

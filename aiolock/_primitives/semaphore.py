@@ -17,10 +17,11 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
-from ._connection import DID_NOT_RUN
-from ._errors import InvalidArgumentError, InvalidArgumentTypeError, LockNotOwnedError
-from ._lease import Hold, Lease
-from ._primitive import (
+from .._core.connection import DID_NOT_RUN
+from .._core.errors import InvalidArgumentError, InvalidArgumentTypeError, LockNotOwnedError
+from .._core.lease import Hold, Lease
+from .._core.validate import check_lease, check_timeout, to_ms
+from .base import (
     LockContext,
     LockLike,
     OnLost,
@@ -30,10 +31,9 @@ from ._primitive import (
     compete,
     current_task,
 )
-from ._validate import check_lease, check_timeout, to_ms
 
 if TYPE_CHECKING:
-    from ._client import Client
+    from .._client import Client
 
 __all__ = ["MAX_PERMITS", "Permit", "Semaphore"]
 

@@ -6,21 +6,21 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._connection import DID_NOT_RUN
-from ._errors import (
+from .._core.connection import DID_NOT_RUN
+from .._core.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     LockNotOwnedError,
     LockTimeoutError,
 )
-from ._lease import Hold, Lease, LostCallback
-from ._lock import AsyncLock, LocalQueue
-from ._primitive import Acquirable, _Entry, compete, current_task, ttl_hint
-from ._spin import SpinLock
-from ._validate import check_seconds, to_ms
+from .._core.lease import Hold, Lease, LostCallback
+from .._core.validate import check_seconds, to_ms
+from .base import Acquirable, _Entry, compete, current_task, ttl_hint
+from .lock import AsyncLock, LocalQueue
+from .spin import SpinLock
 
 if TYPE_CHECKING:
-    from ._client import Client
+    from .._client import Client
 
 __all__ = ["MultiLease", "MultiLock"]
 

@@ -9,18 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ._connection import DID_NOT_RUN
-from ._errors import ClientClosedError, LockTimeoutError
-from ._futures import Outcome, expire
-from ._lease import Hold, Lease
-from ._notify import PubSubWaiter
-from ._primitive import SingleHolder, _Entry, compete, ttl_hint
-from ._scripts import refused
-from ._validate import to_ms
+from .._core.connection import DID_NOT_RUN
+from .._core.errors import ClientClosedError, LockTimeoutError
+from .._core.futures import Outcome, expire
+from .._core.lease import Hold, Lease
+from .._core.notify import PubSubWaiter
+from .._core.scripts import refused
+from .._core.validate import to_ms
+from .base import SingleHolder, _Entry, compete, ttl_hint
 
 if TYPE_CHECKING:
-    from ._client import Client
-    from ._notify import Waiter
+    from .._client import Client
+    from .._core.notify import Waiter
 
 __all__ = ["AsyncLock", "LocalQueue"]
 

@@ -20,7 +20,7 @@ import hashlib
 from dataclasses import dataclass
 from importlib import resources
 
-from ._errors import WrongTypeError
+from .errors import WrongTypeError
 
 __all__ = ["Script", "load_scripts", "refused", "script_names"]
 

@@ -1,0 +1,1 @@
+"""The engine below the primitives: connections, listener, watchdog, scripts, holds."""

@@ -1,0 +1,1 @@
+"""The lock family, each over the engine of ``aiolock._core``."""

@@ -1,0 +1,161 @@
+"""The package-shape figures of issue 10, measured on a source tree.
+
+    python tools/shape_metrics.py [ROOT]
+
+* modules in import cycles: strongly connected components (size > 1) of the
+  graph of ``aiolock`` modules, every import counted (type-only and
+  function-local ones included);
+* the largest module, in lines;
+* places where a primitive touches Client internals: attribute accesses
+  ``<x>._<name>`` in primitive modules whose receiver is a Client
+  (``client``, ``self._client``, ``hold.client``, ``self.client`` ...);
+* the duplicated blocks reported by the ``duplicates`` tool, if on PATH.
+
+Reads files as text (ast); imports nothing from the tree.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PRIMITIVE_STEMS = {
+    "_lock",
+    "_fair",
+    "_rwlock",
+    "_semaphore",
+    "_spin",
+    "_multi",
+    "_latch",
+    "_primitive",
+}
+CLIENT_NAMES = {"client", "_client"}
+
+
+def module_name(root: Path, path: Path) -> str:
+    rel = path.relative_to(root).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(mod: str, path: Path, tree: ast.AST, known: set[str]) -> set[str]:
+    out: set[str] = set()
+    is_pkg = path.name == "__init__.py"
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                parent = base[: len(base) - node.level + 1]
+                target = ".".join(parent + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            cands = [target] + [f"{target}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            cands = [a.name for a in node.names]
+        else:
+            continue
+        for c in cands:
+            if c in known:
+                out.add(c)
+    out.discard(mod)
+    return out
+
+
+def sccs(graph: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    result: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            result.append(comp)
+
+    sys.setrecursionlimit(10000)
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return result
+
+
+def client_touches(path: Path, tree: ast.AST) -> int:
+    count = 0
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        if node.attr.startswith("__"):
+            continue
+        recv = node.value
+        name = None
+        if isinstance(recv, ast.Name):
+            name = recv.id
+        elif isinstance(recv, ast.Attribute):
+            name = recv.attr
+        if name in CLIENT_NAMES:
+            count += 1
+    return count
+
+
+def main() -> None:
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
+    pkg = root / "aiolock"
+    files = sorted(p for p in pkg.rglob("*.py"))
+    mods = {module_name(root, p): p for p in files}
+    trees = {m: ast.parse(p.read_text()) for m, p in mods.items()}
+    known = set(mods)
+    graph = {m: imports_of(m, mods[m], trees[m], known) for m in mods}
+    cyc = [c for c in sccs(graph) if len(c) > 1]
+    in_cycles = sorted(m for c in cyc for m in c)
+    print(f"modules: {len(mods)}")
+    print(f"modules in import cycles: {len(in_cycles)} {in_cycles}")
+    sizes = sorted(((len(p.read_text().splitlines()), m) for m, p in mods.items()), reverse=True)
+    print(
+        f"largest module: {sizes[0][1]} ({sizes[0][0]} lines); next: "
+        + ", ".join(f"{m} {n}" for n, m in sizes[1:4])
+    )
+    touches = {}
+    for m, p in mods.items():
+        stem = m.split(".")[-1]
+        if stem in PRIMITIVE_STEMS or ".primitives" in m or "._primitives" in m:
+            n = client_touches(p, trees[m])
+            if n:
+                touches[m] = n
+    print(f"primitive touches of Client internals: {sum(touches.values())} {touches}")
+    for sub in ("aiolock", "tests"):
+        try:
+            out = subprocess.run(
+                ["duplicates", "--repo", str(root / sub), "--most", "1", "--seconds", "120"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.splitlines()
+            print(f"duplicates in {sub}/: {out[0] if out else '?'}")
+        except FileNotFoundError:
+            print("duplicates: not on PATH")
+
+
+if __name__ == "__main__":
+    main()
