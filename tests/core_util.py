@@ -42,7 +42,7 @@ async def assert_clean(client: Client, *clients: Client) -> None:
     """Every local trace of locking is gone: no holds, waiters, channels, leases, I/O."""
     for c in (client, *clients):
         await eventually(lambda c=c: is_quiet(c), what=f"{c!r} to be quiet")
-        assert c._states == {}, f"local lock states left behind: {c._states}"
+        assert c._engine.states == {}, f"local lock states left behind: {c._engine.states}"
 
 
 def evalsha_calls(server: RedisServer) -> int:

@@ -120,8 +120,8 @@ async def test_locally_passed_hold_is_renewed_and_can_be_lost(
     async def second() -> None:
         async with lock:
             got.set()
-            rounds = client._watchdog.rounds
-            await eventually(lambda: client._watchdog.rounds >= rounds + 4, timeout=30)
+            rounds = client._engine.watchdog.rounds
+            await eventually(lambda: client._engine.watchdog.rounds >= rounds + 4, timeout=30)
             assert await lock.is_owned(), "renewed past the 4.5 s lease (4 rounds: 6 s)"
             await other.lock("l").force_release()
             await asyncio.sleep(30)

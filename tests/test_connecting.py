@@ -34,7 +34,7 @@ async def exercise(url: str, prefix: str = "app") -> None:
         await eventually(lambda: waiter.statistics().waiting == 1, what="the waiter to park")
         # Two renewals: the watchdog's connection works (a failed one marks the hold lost).
         await eventually(
-            lambda: holder._watchdog.rounds >= 2,
+            lambda: holder._engine.watchdog.rounds >= 2,
             timeout=3 * LEASE + 10,
             what="two watchdog rounds",
         )

@@ -116,7 +116,7 @@ def parked(client: Client) -> int:
     retry, waiting for a message or their bound."""
     return sum(
         1
-        for state in client._states.values()
+        for state in client._engine.states.values()
         if isinstance(state, _FairState)
         for ticket in state.tickets.values()
         if ticket._fut is not None and not ticket._fut.done()
@@ -348,9 +348,9 @@ async def test_many_local_waiters_cost_one_subscription_and_one_renewal(
     stats = b.statistics()
     assert stats.waiting == 30 and stats.watched == 1
     assert stats.subscriptions == (0 if b.notify == "poll" else 1)
-    calls, rounds = b._watchdog.calls, b._watchdog.rounds
-    await eventually(lambda: b._watchdog.rounds >= rounds + 3, what="3 renewal rounds")
-    assert (b._watchdog.calls - calls) / (b._watchdog.rounds - rounds) <= 1.5
+    calls, rounds = b._engine.watchdog.calls, b._engine.watchdog.rounds
+    await eventually(lambda: b._engine.watchdog.rounds >= rounds + 3, what="3 renewal rounds")
+    assert (b._engine.watchdog.calls - calls) / (b._engine.watchdog.rounds - rounds) <= 1.5
     await holder.release()
     lease = await asyncio.wait_for(tasks[0], 10)
     for task in tasks[1:]:

@@ -120,7 +120,7 @@ async def test_try_set_count_semantics(client: Client, other: Client, server: Re
     assert await other.latch("set", 0).try_set_count(7) is False, "already counting"
     assert await latch.count() == 3
     ttl = server.execute("PTTL", "d:{set}")
-    assert 0 < ttl <= client._retention_ms, "a latch key always has a TTL"
+    assert 0 < ttl <= client._engine.retention_ms, "a latch key always has a TTL"
     for _ in range(3):
         await other.latch("set", 0).count_down()
     assert await latch.count() == 0

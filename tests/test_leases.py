@@ -32,8 +32,8 @@ async def other(url: str) -> AsyncIterator[Client]:
 async def test_watchdog_renews_past_the_lease(client: Client) -> None:
     lock = client.lock("renewed")
     async with lock as lease:
-        rounds = client._watchdog.rounds
-        await eventually(lambda: client._watchdog.rounds >= rounds + 4, what="4", timeout=30)
+        rounds = client._engine.watchdog.rounds
+        await eventually(lambda: client._engine.watchdog.rounds >= rounds + 4, what="4", timeout=30)
         # 4 renewals at lease/3 = 6 s > the 4.5 s lease: only renewal kept it alive.
         assert await lock.is_owned()
         assert not lease.lost
@@ -42,9 +42,9 @@ async def test_watchdog_renews_past_the_lease(client: Client) -> None:
 
 async def test_watchdog_batches_renewals(client: Client) -> None:
     leases = [await client.lock(f"b{i}").acquire() for i in range(1200)]
-    calls, rounds = client._watchdog.calls, client._watchdog.rounds
-    await eventually(lambda: client._watchdog.rounds >= rounds + 2, what="2 rounds")
-    per_round = (client._watchdog.calls - calls) / (client._watchdog.rounds - rounds)
+    calls, rounds = client._engine.watchdog.calls, client._engine.watchdog.rounds
+    await eventually(lambda: client._engine.watchdog.rounds >= rounds + 2, what="2 rounds")
+    per_round = (client._engine.watchdog.calls - calls) / (client._engine.watchdog.rounds - rounds)
     assert per_round <= 3, f"{per_round} script calls per round for 1200 holds"
     assert not any(lease.lost for lease in leases)
     for lease in leases:

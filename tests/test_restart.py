@@ -57,7 +57,7 @@ async def test_restart_never_hands_a_local_waiter_a_lower_token(
             return lease.fencing_token
 
         waiter = asyncio.create_task(t2())
-        state = a._states[lock_a._key]
+        state = a._engine.states[lock_a._key]
         await eventually(lambda: state.live == 1, what="t2 to queue behind t1 locally")
 
         fresh_server.restart()  # every key gone, fence counters too
@@ -91,7 +91,7 @@ async def test_restart_reports_every_hold_lost_at_once(fresh_server: ServerProce
         renewed = await a.lock("w").acquire()
         fixed = await a.lock("f").acquire(lease=120)
         rounds_at_loss: list[int] = []
-        renewed.on_lost(lambda _: rounds_at_loss.append(a._watchdog.rounds))
+        renewed.on_lost(lambda _: rounds_at_loss.append(a._engine.watchdog.rounds))
         fixed_lost = asyncio.Event()
         fixed.on_lost(lambda _: fixed_lost.set())
         in_body = asyncio.Event()
@@ -137,13 +137,15 @@ async def test_healthy_reconnect_keeps_holds_and_free_local_handoffs(
             return int(fresh_server.execute("PTTL", "rs:{h}")) > 25_000
 
         await eventually(renewed, timeout=60, what="the hold renewed after the reconnect")
-        assert a._watchdog.rounds == 0, "renewed by the check after the reconnect, not a round"
+        assert a._engine.watchdog.rounds == 0, (
+            "renewed by the check after the reconnect, not a round"
+        )
         assert 0 < int(fresh_server.execute("PTTL", "rs:{f}")) <= fixed_ttl, "never extended"
         assert not first.lost and not fixed.lost
-        await eventually(lambda: a._verifier is not None and a._verifier.done())
+        await eventually(lambda: a._engine.verifier is not None and a._engine.verifier.done())
 
         waiter = asyncio.create_task(lock.acquire())
-        state = a._states[lock._key]
+        state = a._engine.states[lock._key]
         await eventually(lambda: state.live == 1, what="the waiter to queue locally")
         calls = evalsha_calls(fresh_server)
         await first.release()
@@ -164,15 +166,15 @@ async def test_release_before_the_check_goes_to_the_server(fresh_server: ServerP
         lock = a.lock("x")
         first = await lock.acquire()
         waiter = asyncio.create_task(lock.acquire())
-        state = a._states[lock._key]
+        state = a._engine.states[lock._key]
         await eventually(lambda: state.live == 1, what="t2 to queue behind t1 locally")
-        epoch = a._epoch
+        epoch = a._engine.epoch
         loop = asyncio.get_running_loop()
 
         fresh_server.restart()
 
         deadline = loop.time() + 20
-        while a._epoch == epoch:  # the drop is seen; nothing was sent since
+        while a._engine.epoch == epoch:  # the drop is seen; nothing was sent since
             assert loop.time() < deadline, "the Client never saw its connection drop"
             await asyncio.sleep(0)
         with pytest.raises(LockNotOwnedError):
@@ -201,12 +203,12 @@ async def test_pubsub_connection_loss_alone_verifies_the_holds(
         name = f"rs:{{busy}}:w:{a.id}".encode()  # A's channel of the lock (targeted)
 
         def subscribed() -> bool:
-            channel = a._listener.channels.get(name)
+            channel = a._engine.listener.channels.get(name)
             return channel is not None and channel.is_confirmed
 
         await eventually(subscribed, what="A's waiter to be subscribed")
         fresh_server.execute("PEXPIRE", "rs:{h}", 20_000)  # as if 10 s had passed
-        epoch, connects = a._epoch, a._mux.connects
+        epoch, connects = a._engine.epoch, a._engine.mux.connects
 
         assert fresh_server.kill_pubsub_clients() >= 1
 
@@ -214,8 +216,8 @@ async def test_pubsub_connection_loss_alone_verifies_the_holds(
             return int(fresh_server.execute("PTTL", "rs:{h}")) > 25_000
 
         await eventually(renewed, timeout=60, what="the hold renewed after the pub/sub loss")
-        assert a._watchdog.rounds == 0, "renewed by the check, not by a watchdog round"
-        assert a._epoch > epoch and a._mux.connects == connects
+        assert a._engine.watchdog.rounds == 0, "renewed by the check, not by a watchdog round"
+        assert a._engine.epoch > epoch and a._engine.mux.connects == connects
         assert not held.lost
         await busy.release()
         await (await asyncio.wait_for(waiter, 20)).release()
@@ -237,7 +239,7 @@ async def test_restart_reports_holds_of_every_primitive_lost_at_once(
         ]
         rounds_at_loss: list[int] = []
         for lease in leases:
-            lease.on_lost(lambda _: rounds_at_loss.append(a._watchdog.rounds))
+            lease.on_lost(lambda _: rounds_at_loss.append(a._engine.watchdog.rounds))
 
         fresh_server.restart()
 
@@ -316,24 +318,26 @@ async def test_every_primitive_confirms_its_new_holds(server: RedisServer) -> No
     async with Client.from_url(server.url, prefix="cf", lease=LEASE) as client:
         before = await _one_of_each(client, "a")
         for lease in before:
-            assert lease._hold.confirmed == client._epoch, lease
-        epoch = client._epoch
+            assert lease._hold.confirmed == client._engine.epoch, lease
+        epoch = client._engine.epoch
         # Each established connection lost is a new epoch: wait for them all.
-        connected = sum(mux._conn is not None for mux in (client._mux, client._renew_mux))
+        connected = sum(
+            mux._conn is not None for mux in (client._engine.mux, client._engine.renew_mux)
+        )
         assert server.kill_normal_clients() >= connected >= 1  # a reset
         await eventually(
-            lambda: client._epoch == epoch + connected, what="the connection losses seen"
+            lambda: client._engine.epoch == epoch + connected, what="the connection losses seen"
         )
         after = await _one_of_each(client, "b")  # acquired while the verifier runs
         for lease in after:
-            assert lease._hold.confirmed == client._epoch, lease
-        verifier = client._verifier
+            assert lease._hold.confirmed == client._engine.epoch, lease
+        verifier = client._engine.verifier
         assert verifier is not None
         await asyncio.wait_for(asyncio.shield(verifier), 20)
         for lease in before:  # verified in the new epoch, not lost
-            assert lease._hold.confirmed == client._epoch and not lease.lost, lease
+            assert lease._hold.confirmed == client._engine.epoch and not lease.lost, lease
         more = await _one_of_each(client, "c")
-        assert client._verifier is verifier and verifier.done(), "no verification needed"
+        assert client._engine.verifier is verifier and verifier.done(), "no verification needed"
         for lease in before + after + more:
             await lease.release()
         await assert_clean(client)
@@ -352,17 +356,17 @@ async def test_hold_granted_across_a_reset_is_verified_at_once(
         busy = await other.lock("busy").acquire()
         waiter = asyncio.create_task(client.lock("busy").acquire())  # connects the listener
         await eventually(lambda: fresh_server.client_count("pubsub") >= 1, what="listener")
-        epoch = client._epoch
+        epoch = client._engine.epoch
         fresh_server.execute("CLIENT", "PAUSE", "30000", "WRITE")  # holds back scripts
         try:
-            on_the_wire = len(client._mux._pending)
+            on_the_wire = len(client._engine.mux._pending)
             acquire = asyncio.create_task(client.semaphore("s", 2).acquire())
             await eventually(
-                lambda: len(client._mux._pending) > on_the_wire, what="the acquire sent"
+                lambda: len(client._engine.mux._pending) > on_the_wire, what="the acquire sent"
             )
             assert fresh_server.kill_pubsub_clients() >= 1  # a reset while it is held back
-            await eventually(lambda: client._epoch > epoch, what="the connection loss seen")
-            verifier = client._verifier
+            await eventually(lambda: client._engine.epoch > epoch, what="the connection loss seen")
+            verifier = client._engine.verifier
             assert verifier is not None
             await asyncio.wait_for(asyncio.shield(verifier), 20)  # nothing to verify yet
             assert not acquire.done()
@@ -371,9 +375,9 @@ async def test_hold_granted_across_a_reset_is_verified_at_once(
         permit = await asyncio.wait_for(acquire, 20)
         # Granted, but confirmed only in the epoch it was sent in: checked at once.
         await eventually(
-            lambda: permit._hold.confirmed == client._epoch, what="the new hold verified"
+            lambda: permit._hold.confirmed == client._engine.epoch, what="the new hold verified"
         )
-        assert client._verifier is not verifier
+        assert client._engine.verifier is not verifier
         await permit.release()
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -528,8 +528,8 @@ async def _renew_both(other: Client) -> None:
     async def hold_both() -> None:
         w = await rw.write.acquire()
         r = await rw.read.acquire()
-        rounds = other._watchdog.rounds
-        await eventually(lambda: other._watchdog.rounds >= rounds + 4, what="4", timeout=30)
+        rounds = other._engine.watchdog.rounds
+        await eventually(lambda: other._engine.watchdog.rounds >= rounds + 4, what="4", timeout=30)
         # 4 renewals at 1.5 s > the 4.5 s lease: only the watchdog kept them.
         assert await rw.write.is_owned() and await rw.read.is_owned()
         assert not w.lost and not r.lost

@@ -31,7 +31,7 @@ async def test_spin_lock_never_subscribes(client: Client, other: Client) -> None
     waiter = asyncio.create_task(spin.acquire(timeout=20))
     await asyncio.sleep(0.1)
     assert client.statistics().subscriptions == 0
-    assert client._listener.connects == 0
+    assert client._engine.listener.connects == 0
     await held.release()
     lease = await waiter
     assert lease.fencing_token > held.fencing_token

@@ -6,8 +6,8 @@
   graph of ``aiolock`` modules, every import counted (type-only and
   function-local ones included);
 * the largest module, in lines;
-* places where a primitive touches Client internals: attribute accesses
-  ``<x>._<name>`` in primitive modules whose receiver is a Client
+* places where a primitive touches Client (or Engine) internals: accesses
+  ``<x>._<name>`` in primitive modules whose receiver is the Client or its Engine
   (``client``, ``self._client``, ``hold.client``, ``self.client`` ...);
 * the duplicated blocks reported by the ``duplicates`` tool, if on PATH.
 
@@ -31,7 +31,7 @@ PRIMITIVE_STEMS = {
     "_latch",
     "_primitive",
 }
-CLIENT_NAMES = {"client", "_client"}
+CLIENT_NAMES = {"client", "_client", "engine", "_engine"}
 
 
 def module_name(root: Path, path: Path) -> str:

@@ -20,7 +20,7 @@ from .futures import Outcome
 from .validate import check_seconds
 
 if TYPE_CHECKING:
-    from .._client import Client
+    from .engine import Engine
 
 __all__ = ["Hold", "Lease", "LostCallback"]
 
@@ -40,9 +40,9 @@ class Hold:
     __slots__ = (
         "__weakref__",
         "callbacks",
-        "client",
         "confirmed",
         "contexts",
+        "engine",
         "expires_at",
         "lease",
         "leases",
@@ -67,7 +67,7 @@ class Hold:
 
     def __init__(
         self,
-        client: Client,
+        engine: Engine,
         name: str,
         owner: str,
         token: int,
@@ -79,7 +79,7 @@ class Hold:
         release: tuple[str, tuple[Any, ...], tuple[Any, ...]],
         renew: tuple[str, str, tuple[Any, ...]],
     ) -> None:
-        self.client = client
+        self.engine = engine
         self.name = name
         self.owner = owner
         self.token = token
@@ -129,7 +129,7 @@ class Hold:
         that fails for good marks it lost too). Meanwhile nothing is renewed.
         """
         if self.releasing is not None:
-            self.client._watchdog.remove(self)
+            self.engine.watchdog.remove(self)
             return
         self.mark_lost(reason)
 
@@ -151,7 +151,7 @@ class Hold:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        self.client._watchdog.remove(self)
+        self.engine.watchdog.remove(self)
         on_detach, self.on_detach = self.on_detach, None
         if on_detach is not None:
             on_detach(self)
@@ -166,7 +166,7 @@ class Hold:
             context.lease_lost(self)
         lease = self.leases[-1] if self.leases else Lease(self)
         for callback in self.callbacks:
-            self.client._run_callback(callback, lease)
+            self.engine.run_callback(callback, lease)
 
     def describe(self, loop_time: float) -> str:
         left = self.expires_at - loop_time
@@ -236,7 +236,7 @@ class Lease:
             raise TypeError(f"on_lost() takes a callable, got {type(callback).__name__}")
         hold = self._hold
         if hold.lost:
-            asyncio.get_running_loop().call_soon(hold.client._run_callback, callback, self)
+            asyncio.get_running_loop().call_soon(hold.engine.run_callback, callback, self)
         else:
             hold.callbacks.append(callback)
 
@@ -272,7 +272,7 @@ class Lease:
         if self._released:
             return None
         hold = self._hold
-        hold.client._check_usable()
+        hold.engine.check_usable()
         if len(hold.leases) > 1 or hold.lost:
             self._mark_released()
             if hold.lost:
@@ -282,7 +282,7 @@ class Lease:
             return None
         outcome = hold.releasing
         if outcome is None:
-            start = hold.on_release or hold.client._release_hold
+            start = hold.on_release or hold.engine.release_hold
             outcome = start(hold)
             if isinstance(outcome, Outcome):
                 outcome.settled(self._released_in_redis)
@@ -324,7 +324,7 @@ class Lease:
             raise LockNotOwnedError(f"lock {hold.name!r}: this lease was released")
         if hold.lost:
             raise LockNotOwnedError(f"lock {hold.name!r}: the lease was lost ({hold.lost_reason})")
-        await hold.client._extend_hold(hold, value)
+        await hold.engine.extend_hold(hold, value)
 
     def __repr__(self) -> str:
         hold = self._hold

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from .._client import Client
+    from .engine import Engine
 
 __all__ = ["BATCH", "Renewable", "Watchdog", "plan_batches"]
 
@@ -55,8 +55,8 @@ def plan_batches(items: Sequence[T], size: int = BATCH) -> list[list[T]]:
 
 
 class Watchdog:
-    def __init__(self, client: Client, lease: float) -> None:
-        self._client = client
+    def __init__(self, engine: Engine, lease: float) -> None:
+        self._engine = engine
         self.lease = lease
         self.interval = lease / 3
         self._items: dict[Renewable, None] = {}
@@ -111,7 +111,7 @@ class Watchdog:
 
     async def renew_all(self) -> bool:
         """One round: renew every item. Returns False if any renewal failed."""
-        client = self._client
+        engine = self._engine
         loop = asyncio.get_running_loop()
         items = list(self._items)
         self.rounds += 1
@@ -122,7 +122,7 @@ class Watchdog:
         batches = [
             (script, batch) for script, group in by_script.items() for batch in plan_batches(group)
         ]
-        futures = [client._renew_batch(script, batch, self.lease) for script, batch in batches]
+        futures = [engine.renew_batch(script, batch, self.lease) for script, batch in batches]
         self.calls += len(futures)
         deadline = min(item.expires_at for item in items)
         results: list[Any]

@@ -46,7 +46,7 @@ from .._core.notify import Waiter
 from .._core.validate import check_lease, check_name, check_timeout
 
 if TYPE_CHECKING:
-    from .._client import Client
+    from .._core.engine import Engine
 
 __all__ = [
     "REPLY_GRACE",
@@ -126,7 +126,7 @@ def check_on_lost(value: object) -> OnLost:
 
 
 async def compete(
-    client: Client,
+    engine: Engine,
     *,
     what: str,
     deadline: float | None,
@@ -162,7 +162,7 @@ async def compete(
     hears every wake-up sent after that try ran, so a failed first try parks
     at once, without the confirming retry a new subscription needs.
     """
-    loop = client._loop or asyncio.get_running_loop()
+    loop = engine.loop or asyncio.get_running_loop()
     registration: Waiter | None = warm() if warm is not None else None
     is_parked = False
     failures = 0
@@ -196,11 +196,11 @@ async def compete(
                         f"timeout ran out ({exc}). Check that the server is up and reachable, "
                         "or wait longer"
                     ) from exc.__cause__ or exc
-                if client._closed:
+                if engine.closed:
                     raise ClientClosedError("the aiolock Client was closed while waiting") from exc
-                if client._outage_warned != client._mux.connects:
+                if engine.outage_warned != engine.mux.connects:
                     # One warning per outage (per connection lost), not per task.
-                    client._outage_warned = client._mux.connects
+                    engine.outage_warned = engine.mux.connects
                     log.warning(
                         "aiolock: %s: Redis unreachable (%s); retrying %s",
                         what,
@@ -225,13 +225,13 @@ async def compete(
                     if is_parked:
                         parked(False)
                 return result, sent
-            bound = hint if hint is not None and hint > 0 else client.lease
+            bound = hint if hint is not None and hint > 0 else engine.lease
             now = loop.time()
             if deadline is not None:
                 if now >= deadline:
                     raise LockTimeoutError(f"timed out waiting for {what}")
                 bound = min(bound, deadline - now)
-            if client._closed:
+            if engine.closed:
                 raise ClientClosedError("the aiolock Client was closed while waiting")
             if registration is None:
                 # Register, and only then retry: a release in between is not missed.
@@ -244,7 +244,7 @@ async def compete(
                 is_parked = True  # a warm registration: live since before the try
                 parked(True)
             await registration.wait(bound)
-            if client._closed:
+            if engine.closed:
                 raise ClientClosedError("the aiolock Client was closed while waiting")
     finally:
         if registration is not None:
@@ -256,17 +256,17 @@ async def compete(
 class Primitive:
     """A name, its keys, and how its waiters are notified. Cheap: no I/O."""
 
-    __slots__ = ("_channel", "_client", "_key", "_signal", "name")
+    __slots__ = ("_channel", "_engine", "_key", "_signal", "name")
 
-    def __init__(self, client: Client, name: str) -> None:
+    def __init__(self, engine: Engine, name: str) -> None:
         self.name = check_name(name)
-        self._client = client
-        self._key = client.key(self.name)
+        self._engine = engine
+        self._key = engine.key(self.name)
         self._channel = f"{self._key}:ch".encode()
         self._signal = f"{self._key}:signal"
 
     def _waiter(self) -> Waiter:
-        return self._client._waiter(self._channel, self._signal)
+        return self._engine.waiter(self._channel, self._signal)
 
 
 class _Entry:
@@ -502,7 +502,7 @@ class SingleHolder(Primitive, Acquirable[Lease]):
         lease was lost). If cancelled while the release is on the wire, the
         release still completes.
         """
-        self._client._check_usable()
+        self._engine.check_usable()
         hold = self._my_hold()
         if hold is None or not hold.leases:
             raise LockNotOwnedError(
@@ -513,17 +513,17 @@ class SingleHolder(Primitive, Acquirable[Lease]):
 
     async def is_locked(self) -> bool:
         """True if anyone (any client) holds the lock right now (one round trip)."""
-        self._client._enter()
-        return bool(await self._client._mux.call(b"EXISTS", self._key))
+        self._engine.enter()
+        return bool(await self._engine.mux.call(b"EXISTS", self._key))
 
     async def is_owned(self) -> bool:
         """True if the current task holds the lock, confirmed by Redis."""
-        client = self._client
-        client._enter()
+        engine = self._engine
+        engine.enter()
         hold = self._my_hold()
         if hold is None:
             return False
-        ttl = int(await client._eval(self._owned_script, (self._key,), self._owned_args(hold)))
+        ttl = int(await engine.eval(self._owned_script, (self._key,), self._owned_args(hold)))
         if ttl == -2:
             hold.gone("the hold was gone when checked")
             return False
@@ -531,14 +531,14 @@ class SingleHolder(Primitive, Acquirable[Lease]):
 
     async def hold_count(self) -> int:
         """How many times the current task holds the lock (0 if not). No round trip."""
-        self._client._enter()
+        self._engine.enter()
         hold = self._my_hold()
         return hold.count if hold is not None else 0
 
     async def remaining_ttl(self) -> float | None:
         """Seconds until the current hold expires (whoever holds it); None if unlocked."""
-        self._client._enter()
-        ttl = int(await self._client._mux.call(b"PTTL", self._key))
+        self._engine.enter()
+        ttl = int(await self._engine.mux.call(b"PTTL", self._key))
         if ttl == -2:
             return None
         if ttl == -1:

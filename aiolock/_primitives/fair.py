@@ -50,7 +50,7 @@ from .._core.validate import to_ms
 from .base import SingleHolder, _Entry, compete, current_task, ttl_hint
 
 if TYPE_CHECKING:
-    from .._client import Client
+    from .._core.engine import Engine
 
 __all__ = ["FairLock"]
 
@@ -130,7 +130,7 @@ class _Ticket:
 
     async def ready(self, bound: float | None) -> None:
         channel = self.channel
-        if channel is not None and self.state.client.notify == "pubsub":
+        if channel is not None and self.state.engine.notify == "pubsub":
             await channel.confirmed(bound)
 
     async def wait(self, timeout: float | None) -> bool:
@@ -140,10 +140,10 @@ class _Ticket:
         if self.state.closed:
             raise ClientClosedError("the aiolock Client was closed while waiting")
         loop = asyncio.get_running_loop()
-        client = self.state.client
-        if client.notify == "poll":  # no messages: capped exponential backoff
+        engine = self.state.engine
+        if engine.notify == "poll":  # no messages: capped exponential backoff
             # ... and often enough to confirm a handoff well within its first TTL.
-            delay = min(client.backoff.delay(self._polls), client.lease / 3)
+            delay = min(engine.backoff.delay(self._polls), engine.lease / 3)
             self._polls += 1
             timeout = delay if timeout is None else min(timeout, delay)
         until = None if timeout is None else loop.time() + max(timeout, 0.0)
@@ -178,7 +178,7 @@ class _Liveness:
         self.state = state
         self.renew_script = "fair_live"
         self.renew_key = state.queue_key
-        self.renew_args: tuple[Any, ...] = (state.client.id,)
+        self.renew_args: tuple[Any, ...] = (state.engine.id,)
         self.expires_at = 0.0
 
     def renewed(self, sent: float, lease: float) -> None:
@@ -187,7 +187,7 @@ class _Liveness:
     def gone(self, reason: str) -> None:
         # The record lapsed (renewals failed for a whole lease): entries may have
         # been dropped. Every waiter tries again, and queues up again if it must.
-        self.state.client._watchdog.remove(self)
+        self.state.engine.watchdog.remove(self)
         for ticket in list(self.state.tickets.values()):
             ticket.wake()
 
@@ -197,8 +197,8 @@ class _FairState:
 
     __slots__ = (
         "channel_name",
-        "client",
         "closed",
+        "engine",
         "held",
         "key",
         "keys",
@@ -210,14 +210,14 @@ class _FairState:
     )
 
     def __init__(self, lock: FairLock) -> None:
-        client = lock._client
-        self.client = client
+        engine = lock._engine
+        self.engine = engine
         self.key = lock._state_key
         self.keys = lock._keys
         self.tail = lock._tail
         self.queue_key = lock._queue_key
-        self.channel_name = f"{lock._key}:ch:{client.id}".encode()
-        self.signal_key = f"{lock._key}:sig:{client.id}".encode()
+        self.channel_name = f"{lock._key}:ch:{engine.id}".encode()
+        self.signal_key = f"{lock._key}:sig:{engine.id}".encode()
         self.held: list[Hold] = []
         self.tickets: dict[str, _Ticket] = {}
         self.live = _Liveness(self)
@@ -235,12 +235,12 @@ class _FairState:
     def close(self) -> None:
         """The Client is closing: fail the waiting calls and take their entries out now."""
         self.closed = True
-        client = self.client
-        client._watchdog.remove(self.live)
+        engine = self.engine
+        engine.watchdog.remove(self.live)
         for ticket in list(self.tickets.values()):
             ticket.fail(ClientClosedError("the aiolock Client was closed while waiting"))
-            args = (ticket.wid, client._retention_ms, *self.tail)
-            client._submit_script("fair_leave", self.keys, args).add_done_callback(retrieve)
+            args = (ticket.wid, engine.retention_ms, *self.tail)
+            engine.submit_script("fair_leave", self.keys, args).add_done_callback(retrieve)
 
     # -- messages -------------------------------------------------------------------------
 
@@ -260,21 +260,21 @@ class _FairState:
             ticket.nudge(int(ms) / 1000.0)
 
     def subscribe(self) -> Channel | None:
-        client = self.client
-        if client.notify == "pubsub":
-            channel = client._listener.register(self.channel_name)
-        elif client.notify == "list":
-            channel = client._signals.register(self.signal_key)
+        engine = self.engine
+        if engine.notify == "pubsub":
+            channel = engine.listener.register(self.channel_name)
+        elif engine.notify == "list":
+            channel = engine.signals.register(self.signal_key)
         else:
             return None
         channel.handler = self.dispatch
         return channel
 
     def unsubscribe(self, channel: Channel) -> None:
-        if self.client.notify == "pubsub":
-            self.client._listener.unregister(channel)
+        if self.engine.notify == "pubsub":
+            self.engine.listener.unregister(channel)
         else:
-            self.client._signals.unregister(channel)
+            self.engine.signals.unregister(channel)
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -285,7 +285,7 @@ class _FairState:
     def remove(self, ticket: _Ticket) -> None:
         self.tickets.pop(ticket.wid, None)
         if not self.tickets:
-            self.client._watchdog.remove(self.live)
+            self.engine.watchdog.remove(self.live)
             self.live.expires_at = 0.0
         self._maybe_idle()
 
@@ -294,9 +294,9 @@ class _FairState:
         if self.closed or not self.tickets:
             return
         live = self.live
-        live.expires_at = max(live.expires_at, sent + self.client.lease)
-        if live not in self.client._watchdog:
-            self.client._watchdog.add(live)
+        live.expires_at = max(live.expires_at, sent + self.engine.lease)
+        if live not in self.engine.watchdog:
+            self.engine.watchdog.add(live)
 
     def hold_ended(self, hold: Hold) -> None:
         try:
@@ -306,8 +306,8 @@ class _FairState:
         self._maybe_idle()
 
     def _maybe_idle(self) -> None:
-        if not self.held and not self.tickets and self.client._states.get(self.key) is self:
-            del self.client._states[self.key]
+        if not self.held and not self.tickets and self.engine.states.get(self.key) is self:
+            del self.engine.states[self.key]
 
 
 class FairLock(SingleHolder):
@@ -357,8 +357,8 @@ class FairLock(SingleHolder):
     def _owned_args(self, hold: Hold) -> tuple[Any, ...]:
         return (hold.owner, hold.token)
 
-    def __init__(self, client: Client, name: str) -> None:
-        super().__init__(client, name)
+    def __init__(self, engine: Engine, name: str) -> None:
+        super().__init__(engine, name)
         self._fence_key = f"{self._key}:fence"
         self._queue_key = f"{self._key}:q"
         self._keys = (self._key, self._fence_key, self._queue_key)
@@ -371,7 +371,7 @@ class FairLock(SingleHolder):
         return self._entry_map
 
     def _state(self) -> _FairState:
-        states = self._client._states
+        states = self._engine.states
         state: _FairState | None = states.get(self._state_key)
         if state is None:
             state = states[self._state_key] = _FairState(self)
@@ -380,8 +380,8 @@ class FairLock(SingleHolder):
     # -- acquire -----------------------------------------------------------------------
 
     async def _acquire(self, timeout: float | None, lease: float | None) -> Lease:
-        client = self._client
-        loop = client._enter()
+        engine = self._engine
+        loop = engine.enter()
         task = current_task()
         state = self._state()
         hold = self._hold_of(state, task)
@@ -396,15 +396,15 @@ class FairLock(SingleHolder):
                 pass
             state = self._state()
         deadline = None if timeout is None else loop.time() + timeout
-        lease_s = client.lease if lease is None else lease
+        lease_s = engine.lease if lease is None else lease
         lease_ms = to_ms(lease_s)
         wid = (
-            f"{client.id}:{task_serial(task)}:{next(_calls)}:{lease_ms}:{client._lease_ms}:"
-            f"{_MODES[client.notify]}"
+            f"{engine.id}:{task_serial(task)}:{next(_calls)}:{lease_ms}:{engine.lease_ms}:"
+            f"{_MODES[engine.notify]}"
         )
         ticket = state.add(wid)
         keys = self._keys
-        leave = functools.partial(_leave, client, keys, (wid, client._retention_ms, *self._tail))
+        leave = functools.partial(_leave, engine, keys, (wid, engine.retention_ms, *self._tail))
         queued = False
 
         async def attempt() -> tuple[int | None, float | None]:
@@ -414,12 +414,12 @@ class FairLock(SingleHolder):
             args = (
                 wid,
                 lease_ms,
-                client._lease_ms,
-                client._retention_ms,
+                engine.lease_ms,
+                engine.retention_ms,
                 1 if join else 0,
                 *self._tail,
             )
-            reply = await client._eval("fair_acquire", keys, args, leave)
+            reply = await engine.eval("fair_acquire", keys, args, leave)
             if int(reply[0]) == 1:
                 queued = ticket.queued = False
                 return int(reply[1]), None
@@ -431,18 +431,18 @@ class FairLock(SingleHolder):
 
         try:
             token, sent = await compete(
-                client,
+                engine,
                 what=f"fair lock {self.name!r}",
                 deadline=deadline,
                 attempt=attempt,
                 waiter=ticket.register,
                 abandon=lambda: leave(None, RedisConnectionError("acquire abandoned")),
             )
-            if client._closed:  # granted, but close() already sent our leave
+            if engine.closed:  # granted, but close() already sent our leave
                 raise ClientClosedError("the aiolock Client was closed while waiting")
         except BaseException:
             state.remove(ticket)
-            if queued and not client._closed:
+            if queued and not engine.closed:
                 leave(None, None)  # at once, in the background (a cancelled task can't wait)
             raise
         hold = self._install(state, task, wid, token, lease, lease_s, sent)
@@ -459,9 +459,9 @@ class FairLock(SingleHolder):
         lease_s: float,
         sent: float,
     ) -> Hold:
-        client = self._client
+        engine = self._engine
         hold = Hold(
-            client,
+            engine,
             self.name,
             wid,
             token,
@@ -472,13 +472,13 @@ class FairLock(SingleHolder):
             release=(
                 "fair_release",
                 self._keys,
-                (wid, token, client._retention_ms, *self._tail),
+                (wid, token, engine.retention_ms, *self._tail),
             ),
             renew=("fair_renew", self._key, (wid, token)),
         )
         hold.on_detach = state.hold_ended
         state.held.append(hold)
-        client._track(hold)
+        engine.track(hold)
         return hold
 
     # -- release -------------------------------------------------------------------------
@@ -493,7 +493,7 @@ class FairLock(SingleHolder):
         return None
 
     def _my_hold(self) -> Hold | None:
-        state: _FairState | None = self._client._states.get(self._state_key)
+        state: _FairState | None = self._engine.states.get(self._state_key)
         return self._hold_of(state, asyncio.current_task())
 
     # -- queries ----------------------------------------------------------------------------
@@ -504,8 +504,8 @@ class FairLock(SingleHolder):
         Entries of a crashed Client count until they are skipped (at most one
         lease after its last renewal, when they reach the head).
         """
-        self._client._enter()
-        return int(await self._client._mux.call(b"ZCOUNT", self._queue_key, 1, "+inf"))
+        self._engine.enter()
+        return int(await self._engine.mux.call(b"ZCOUNT", self._queue_key, 1, "+inf"))
 
     async def force_release(self) -> bool:
         """Delete the lock whoever holds it (True if it was held); the next waiter gets it.
@@ -513,31 +513,31 @@ class FairLock(SingleHolder):
         The evicted holder's lease is lost (at once if it is in this Client,
         at its watchdog's next renewal otherwise). Fencing tokens keep increasing.
         """
-        client = self._client
-        client._enter()
+        engine = self._engine
+        engine.enter()
         deleted = int(
-            await client._eval(
-                "fair_force_release", self._keys, (client._retention_ms, *self._tail)
+            await engine.eval(
+                "fair_force_release", self._keys, (engine.retention_ms, *self._tail)
             )
         )
-        state: _FairState | None = client._states.get(self._state_key)
+        state: _FairState | None = engine.states.get(self._state_key)
         if state is not None:
             for hold in list(state.held):
                 hold.mark_lost("force-released")
         return deleted == 1
 
     def __repr__(self) -> str:
-        state: _FairState | None = self._client._states.get(self._state_key)
+        state: _FairState | None = self._engine.states.get(self._state_key)
         if state is None:
             return f"<FairLock {self.name!r} not held here>"
-        loop = self._client._loop
+        loop = self._engine.loop
         loop_time = loop.time() if loop is not None else 0.0
         held = "; ".join(h.describe(loop_time) for h in state.held) or "not held here"
         return f"<FairLock {held}, {state.waiting()} waiting here>"
 
 
 def _leave(
-    client: Client,
+    engine: Engine,
     keys: tuple[str, ...],
     args: tuple[Any, ...],
     reply: Any,
@@ -546,4 +546,4 @@ def _leave(
     """An acquire call gave up (or its reply was lost): leave the queue, pass a handed lock on."""
     if isinstance(error, DID_NOT_RUN):
         return  # the script failed: it changed nothing
-    client._spawn(client._retry("fair_leave", keys, args))
+    engine.spawn(engine.retry("fair_leave", keys, args))

@@ -13,7 +13,7 @@ from .._core.validate import check_timeout
 from .base import Primitive, compete
 
 if TYPE_CHECKING:
-    from .._client import Client
+    from .._core.engine import Engine
 
 __all__ = ["MAX_COUNT", "Latch"]
 
@@ -70,8 +70,8 @@ class Latch(Primitive):
 
     __slots__ = ("_count",)
 
-    def __init__(self, client: Client, name: str, count: int) -> None:
-        super().__init__(client, name)
+    def __init__(self, engine: Engine, name: str, count: int) -> None:
+        super().__init__(engine, name)
         self._count = check_count(count, allow_zero=True)
 
     @property
@@ -93,32 +93,32 @@ class Latch(Primitive):
             value = self._count
         else:
             value = check_count(count, allow_zero=False)
-        client = self._client
-        client._enter()
-        reply = await client._eval("latch_set", (self._key,), (value, client._retention_ms))
+        engine = self._engine
+        engine.enter()
+        reply = await engine.eval("latch_set", (self._key,), (value, engine.retention_ms))
         return int(reply) == 1
 
     async def count_down(self) -> int:
         """Count down by one; return the count left (0: open; every waiter is woken)."""
-        client = self._client
-        client._enter()
+        engine = self._engine
+        engine.enter()
         keys = (self._key, self._signal)
-        args = (self._channel, client._retention_ms)
+        args = (self._channel, engine.retention_ms)
         # Written now, in call order (a try_set_count called next runs after it),
         # and shielded: a cancelled caller does not stop it.
-        sent = client._submit_script("latch_down", keys, args)
+        sent = engine.submit_script("latch_down", keys, args)
         sent.add_done_callback(retrieve)
         try:
             reply = await asyncio.shield(sent)
         except NoScriptError:  # it did not run: load the script and run it
-            reply = await client._eval("latch_down", keys, args)
+            reply = await engine.eval("latch_down", keys, args)
         return int(reply)
 
     async def count(self) -> int:
         """The current count; 0 when the latch is open (or was never set)."""
-        client = self._client
-        client._enter()
-        value = await client._mux.call(b"HGET", self._key, b"c")
+        engine = self._engine
+        engine.enter()
+        value = await engine.mux.call(b"HGET", self._key, b"c")
         return int(value) if value is not None else 0
 
     async def wait(self, timeout: float | None = None) -> bool:
@@ -128,18 +128,18 @@ class Latch(Primitive):
         (a TimeoutError) when it passes. ``timeout=0`` checks once.
         """
         checked = check_timeout(timeout)
-        client = self._client
-        loop = client._enter()
+        engine = self._engine
+        loop = engine.enter()
         deadline = None if checked is None else loop.time() + checked
         keys = (self._key,)
-        args = (client._retention_ms,)
+        args = (engine.retention_ms,)
         # A waiter that finds it counting re-checks at least this often, in case
         # a wake-up was lost (list mode wakes at most 16 Clients per opening).
-        bound = client.lease
+        bound = engine.lease
         seen: list[int] = []
 
         async def attempt() -> tuple[bool | None, float | None]:
-            reply = await client._eval("latch_check", keys, args)
+            reply = await engine.eval("latch_check", keys, args)
             count, generation = int(reply[0]), int(reply[1])
             if count <= 0:
                 return True, None
@@ -150,10 +150,10 @@ class Latch(Primitive):
             return None, bound
 
         def parked(value: bool) -> None:
-            client._parked += 1 if value else -1
+            engine.parked += 1 if value else -1
 
         await compete(
-            client,
+            engine,
             what=f"latch {self.name!r} to open",
             deadline=deadline,
             attempt=attempt,

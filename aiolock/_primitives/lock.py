@@ -19,7 +19,7 @@ from .._core.validate import to_ms
 from .base import SingleHolder, _Entry, compete, ttl_hint
 
 if TYPE_CHECKING:
-    from .._client import Client
+    from .._core.engine import Engine
     from .._core.notify import Waiter
 
 __all__ = ["AsyncLock", "LocalQueue"]
@@ -79,8 +79,8 @@ class LocalQueue:
 
     __slots__ = (
         "busy",
-        "client",
         "competing",
+        "engine",
         "grant",
         "handoffs",
         "hold",
@@ -92,8 +92,8 @@ class LocalQueue:
         "yield_next",
     )
 
-    def __init__(self, client: Client, key: str, lock: AsyncLock | None = None) -> None:
-        self.client = client
+    def __init__(self, engine: Engine, key: str, lock: AsyncLock | None = None) -> None:
+        self.engine = engine
         self.key = key
         self.lock = lock
         self.hold: Hold | None = None
@@ -165,7 +165,7 @@ class LocalQueue:
             result = fut.result()
             if isinstance(result, Hold):
                 # The lock was handed to us, but we will not take it.
-                self.client._spawn(result.new_lease().release())
+                self.engine.spawn(result.new_lease().release())
             elif result:
                 self.pass_turn()  # our turn came, but we will not take it
 
@@ -202,7 +202,7 @@ class LocalQueue:
         self.busy = False
         self.handoffs = 0
         if self.hold is None and not self.competing:
-            self.client._states.pop(self.key, None)
+            self.engine.states.pop(self.key, None)
 
     def hold_ended(self, hold: Hold) -> None:
         if self.hold is hold:
@@ -211,33 +211,33 @@ class LocalQueue:
 
     def release(self, hold: Hold) -> asyncio.Future[int]:
         """Release ``hold`` in Redis, handing the lock to the next local task if one waits."""
-        client = self.client
+        engine = self.engine
         turn = self._next()
         lock = self.lock
         if turn is None or lock is None or self.hold is not hold:
             self.handoffs = 0
-            return client._release_hold(hold)
+            return engine.release_hold(hold)
         loop = asyncio.get_running_loop()
         if (
             hold.reserve > 0
             and hold.watchdog
             and turn.lease is None
             and self.handoffs < COHORT_BOUND
-            and hold.confirmed == client._epoch
+            and hold.confirmed == engine.epoch
         ):
             return self._pass_locally(hold, turn, loop)
         outcome = Outcome(loop=loop)
         hold.releasing = outcome
-        next_owner = client.owner(turn.task)
-        next_lease = client.lease if turn.lease is None else turn.lease
+        next_owner = engine.owner(turn.task)
+        next_lease = engine.lease if turn.lease is None else turn.lease
         sent = loop.time()
-        epoch = client._epoch
+        epoch = engine.epoch
         args = (
             hold.release_args[0],  # the hold's entry in Redis (after local passes,
             hold.release_args[1],  # not its own fencing token)
             next_owner,
             to_ms(next_lease),
-            client._retention_ms,
+            engine.retention_ms,
             "1" if self.handoffs >= COHORT_BOUND else "0",
             lock._channel,
             TOKEN_RESERVE,
@@ -246,22 +246,22 @@ class LocalQueue:
 
         def done(result: Any, error: BaseException | None) -> None:
             if error is not None:
-                client._spawn(self._handoff_failed(hold, outcome, next_owner))
+                engine.spawn(self._handoff_failed(hold, outcome, next_owner))
                 return
             code = int(result[0])
             if code == 1:
                 if checked_others:
                     self.handoffs = 0  # nobody else waits: a new cohort round may begin
-                confirmed = epoch if client._epoch == epoch else -1
+                confirmed = epoch if engine.epoch == epoch else -1
                 self._handed(
                     hold, outcome, turn, next_owner, int(result[1]), next_lease, sent, confirmed
                 )
             else:
                 if code == 2:
                     self.yield_next = True
-                client._release_finished(hold, outcome, code)
+                engine.release_finished(hold, outcome, code)
 
-        client._send_script("handoff", lock._release_keys(), args, done)
+        engine.send_script("handoff", lock._release_keys(), args, done)
         return outcome
 
     def _pass_locally(
@@ -315,7 +315,7 @@ class LocalQueue:
         if turn.fut.done():
             # The waiter gave up meanwhile: release what was handed to it
             # (which hands it on, if someone else waits).
-            self.client._spawn(new.new_lease().release())
+            self.engine.spawn(new.new_lease().release())
         else:
             _take(self.queue, turn)
             turn.fut.set_result(new)
@@ -326,16 +326,16 @@ class LocalQueue:
         """The handoff's reply was lost: release the old hold plainly (idempotent),
         clean up whatever may have been handed over, then go on normally."""
         assert self.lock is not None
-        lock, client = self.lock, self.client
+        lock, engine = self.lock, self.engine
         try:
             code = int(
-                await client._retry(hold.release_script, hold.release_keys, hold.release_args)
+                await engine.retry(hold.release_script, hold.release_keys, hold.release_args)
             )
-            await client._retry(
+            await engine.retry(
                 "release",
                 lock._release_keys(),
                 # "": the handed hold (it carries no attempt id)
-                (next_owner, "", lock._channel, client._retention_ms, ""),
+                (next_owner, "", lock._channel, engine.retention_ms, ""),
             )
         except BaseException as exc:
             hold.releasing = None
@@ -346,7 +346,7 @@ class LocalQueue:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        client._release_finished(hold, outcome, code)
+        engine.release_finished(hold, outcome, code)
 
     def registered(self, member: str) -> str:
         """A try of the competing task is about to register ``member`` ("" for
@@ -361,8 +361,8 @@ class LocalQueue:
         released by leave(), and the message is stale."""
         try:
             _, token, reserve, member = message.decode().split(" ", 3)
-            client = self.client
-            grant = (int(token), int(reserve), member, client._loop_time(), client._epoch)
+            engine = self.engine
+            grant = (int(token), int(reserve), member, engine.loop_time(), engine.epoch)
         except ValueError:
             return
         if member == self.member:
@@ -388,19 +388,19 @@ class LocalQueue:
         if not self.member or self.lock is None:
             return None
         member = self.registered("")
-        return self.client._submit_script("unwait", *self._unwait_call(member))
+        return self.engine.submit_script("unwait", *self._unwait_call(member))
 
     def _unwait_call(self, member: str) -> tuple[tuple[str, ...], tuple[Any, ...]]:
         lock = self.lock
         assert lock is not None
         keys = (lock._key, lock._fence_key, lock._signal, lock._wq_key)
-        return keys, (member, self.client._retention_ms, lock._channel)
+        return keys, (member, self.engine.retention_ms, lock._channel)
 
     def _leave_soon(self) -> None:
         """leave(), retried in the background if its reply is lost (not on close:
         aclose() leaves every waiting set itself)."""
-        client = self.client
-        if client._closed:
+        engine = self.engine
+        if engine.closed:
             return
         member = self.member
         reply = self.leave()
@@ -408,8 +408,8 @@ class LocalQueue:
             return
 
         def done(reply: asyncio.Future[Any]) -> None:
-            if (reply.cancelled() or reply.exception() is not None) and not client._closed:
-                client._spawn(client._retry("unwait", *self._unwait_call(member)))
+            if (reply.cancelled() or reply.exception() is not None) and not engine.closed:
+                engine.spawn(engine.retry("unwait", *self._unwait_call(member)))
 
         reply.add_done_callback(done)
 
@@ -493,11 +493,11 @@ class AsyncLock(SingleHolder):
     #: (see scripts/_wake.lua); the spin lock only polls.
     _targeted = True
 
-    def __init__(self, client: Client, name: str) -> None:
-        super().__init__(client, name)
+    def __init__(self, engine: Engine, name: str) -> None:
+        super().__init__(engine, name)
         self._fence_key = f"{self._key}:fence"
         self._wq_key = f"{self._key}:wq"
-        self._wait_channel = f"{self._key}:w:{client.id}".encode()
+        self._wait_channel = f"{self._key}:w:{engine.id}".encode()
         self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
         # Built once: every acquisition of this object sends them.
         self._acquire_keys = (self._key, self._fence_key, self._wq_key)
@@ -510,12 +510,12 @@ class AsyncLock(SingleHolder):
     # -- acquire -----------------------------------------------------------------------
 
     async def _acquire(self, timeout: float | None, lease: float | None) -> Lease:
-        client = self._client
-        task = client._enter_task()
+        engine = self._engine
+        task = engine.enter_task()
         loop = task.get_loop()
-        state: LocalQueue | None = client._states.get(self._key)
+        state: LocalQueue | None = engine.states.get(self._key)
         if state is None:
-            state = client._states[self._key] = LocalQueue(client, self._key, self)
+            state = engine.states[self._key] = LocalQueue(engine, self._key, self)
         else:
             hold = state.hold
             if hold is not None and hold.task is task:
@@ -569,19 +569,19 @@ class AsyncLock(SingleHolder):
         deadline: float | None,
         loop: asyncio.AbstractEventLoop,
     ) -> Hold:
-        client = self._client
-        owner = client.owner(task)
-        lease_s = client.lease if lease is None else lease
+        engine = self._engine
+        owner = engine.owner(task)
+        lease_s = engine.lease if lease is None else lease
         keys = self._acquire_keys
-        attempt_id = client._attempt_id()
-        base = (owner, to_ms(lease_s), client._retention_ms, TOKEN_RESERVE, attempt_id)
-        targeted = self._targeted and client.notify == "pubsub"
+        attempt_id = engine.attempt_id()
+        base = (owner, to_ms(lease_s), engine.retention_ms, TOKEN_RESERVE, attempt_id)
+        targeted = self._targeted and engine.notify == "pubsub"
         # This task's entry in the waiting set: a watchdog hold may be granted
         # to it by a release (for one Client lease, renewed as any other); a
         # fixed lease is only woken (see scripts/_wake.lua).
-        member = f"{owner}|{attempt_id}|{client._lease_ms if lease is None else 0}"
+        member = f"{owner}|{attempt_id}|{engine.lease_ms if lease is None else 0}"
         undo = functools.partial(
-            _undo_acquire, client, self._keys, owner, attempt_id, self._channel
+            _undo_acquire, engine, self._keys, owner, attempt_id, self._channel
         )
         script = self._acquire_script
         granted: tuple[int, int, float, int] | None = None
@@ -596,12 +596,12 @@ class AsyncLock(SingleHolder):
             # Register for a wake-up only if this call may wait.
             may_wait = targeted and (deadline is None or deadline > loop.time())
             prev = state.registered(member if may_wait else "")
-            args = (*base, member if may_wait else "", client._lease_ms, prev)
-            epoch = client._epoch
-            reply = await client._eval(script, keys, args, undo)
+            args = (*base, member if may_wait else "", engine.lease_ms, prev)
+            epoch = engine.epoch
+            reply = await engine.eval(script, keys, args, undo)
             if reply[0] == 1:
                 state.registered("")
-                confirmed = epoch if client._epoch == epoch else -1
+                confirmed = epoch if engine.epoch == epoch else -1
                 return int(reply[1]), None
             granted = state.take_grant(member)  # granted while the try was on the wire
             if granted is not None:
@@ -609,7 +609,7 @@ class AsyncLock(SingleHolder):
             return None, ttl_hint(int(reply[1]))
 
         token, sent = await compete(
-            client,
+            engine,
             what=self._what,
             deadline=deadline,
             attempt=attempt,
@@ -629,13 +629,13 @@ class AsyncLock(SingleHolder):
         return hold
 
     def _targeted_waiter(self) -> Waiter:
-        waiter = PubSubWaiter(self._client._listener, self._wait_channel)
+        waiter = PubSubWaiter(self._engine.listener, self._wait_channel)
         self._sink_grants()
         return waiter
 
     def _warm_waiter(self) -> Waiter | None:
         """This Client's channel of the lock, if it is still subscribed (lingering)."""
-        listener = self._client._listener
+        listener = self._engine.listener
         channel = listener.channels.get(self._wait_channel)
         if channel is None or not channel.is_confirmed or channel.closed:
             return None
@@ -644,12 +644,12 @@ class AsyncLock(SingleHolder):
         return waiter
 
     def _sink_grants(self) -> None:
-        channel = self._client._listener.channels.get(self._wait_channel)
+        channel = self._engine.listener.channels.get(self._wait_channel)
         if channel is not None and channel.grant_sink is None:
             channel.grant_sink = self._on_grant
 
     def _on_grant(self, message: bytes) -> None:
-        state = self._client._states.get(self._key)
+        state = self._engine.states.get(self._key)
         if isinstance(state, LocalQueue):
             state.on_grant(message)
 
@@ -670,7 +670,7 @@ class AsyncLock(SingleHolder):
         ``redis_identity``: a hold passed on locally keeps the Redis entry
         (owner and token) of the hold it came from, for release and renewal.
         """
-        client = self._client
+        engine = self._engine
         if redis_identity is not None:
             release = (
                 redis_identity.release_script,
@@ -683,10 +683,10 @@ class AsyncLock(SingleHolder):
                 redis_identity.renew_args,
             )
         else:
-            release = ("release", self._keys, (owner, token, self._channel, client._retention_ms))
+            release = ("release", self._keys, (owner, token, self._channel, engine.retention_ms))
             renew = ("renew", self._key, (owner, token))
         hold = Hold(
-            client,
+            engine,
             self.name,
             owner,
             token,
@@ -700,13 +700,13 @@ class AsyncLock(SingleHolder):
         hold.on_detach = state.hold_ended
         hold.on_release = state.release
         state.hold = hold
-        client._track(hold)
+        engine.track(hold)
         return hold
 
     # -- release -------------------------------------------------------------------------
 
     def _my_hold(self) -> Hold | None:
-        state: LocalQueue | None = self._client._states.get(self._key)
+        state: LocalQueue | None = self._engine.states.get(self._key)
         if state is None or state.hold is None:
             return None
         task = asyncio.current_task()
@@ -720,23 +720,23 @@ class AsyncLock(SingleHolder):
         The evicted holder's lease is lost (at once if it is in this Client,
         at its watchdog's next renewal otherwise). Fencing tokens keep increasing.
         """
-        client = self._client
-        client._enter()
+        engine = self._engine
+        engine.enter()
         deleted = int(
-            await client._eval(
+            await engine.eval(
                 "force_release",
                 (self._key, self._signal, self._wq_key, self._fence_key),
-                (self._channel, client._retention_ms),
+                (self._channel, engine.retention_ms),
             )
         )
-        state: LocalQueue | None = client._states.get(self._key)
+        state: LocalQueue | None = engine.states.get(self._key)
         if state is not None and state.hold is not None:
             state.hold.mark_lost("force-released")
         return deleted == 1
 
     def __repr__(self) -> str:
         kind = type(self).__name__
-        state: LocalQueue | None = self._client._states.get(self._key)
+        state: LocalQueue | None = self._engine.states.get(self._key)
         if state is None:
             return f"<{kind} {self.name!r} not held here>"
         hold = state.hold
@@ -747,7 +747,7 @@ class AsyncLock(SingleHolder):
 
 
 def _undo_acquire(
-    client: Client,
+    engine: Engine,
     keys: tuple[str, ...],
     owner: str,
     attempt_id: int,
@@ -763,9 +763,9 @@ def _undo_acquire(
     """
     if error is None:
         if reply and int(reply[0]) == 1:
-            args: tuple[Any, ...] = (owner, int(reply[1]), channel, client._retention_ms)
-            client._spawn(client._retry("release", keys, args))
+            args: tuple[Any, ...] = (owner, int(reply[1]), channel, engine.retention_ms)
+            engine.spawn(engine.retry("release", keys, args))
     elif not isinstance(error, DID_NOT_RUN):
         # Unknown whether it ran: remove the hold this attempt may have taken.
-        args = (owner, "", channel, client._retention_ms, attempt_id)
-        client._spawn(client._retry("release", keys, args))
+        args = (owner, "", channel, engine.retention_ms, attempt_id)
+        engine.spawn(engine.retry("release", keys, args))

@@ -20,7 +20,7 @@ from .lock import AsyncLock, LocalQueue
 from .spin import SpinLock
 
 if TYPE_CHECKING:
-    from .._client import Client
+    from .._core.engine import Engine
 
 __all__ = ["MultiLease", "MultiLock"]
 
@@ -136,9 +136,9 @@ class MultiLock(Acquirable[MultiLease]):
       lock; the MultiLease is lost when any of its leases is.
     """
 
-    __slots__ = ("_client", "_entry_map", "_held", "_locks", "name")
+    __slots__ = ("_engine", "_entry_map", "_held", "_locks", "name")
 
-    def __init__(self, client: Client, *locks: AsyncLock) -> None:
+    def __init__(self, engine: Engine, *locks: AsyncLock) -> None:
         if not locks:
             raise InvalidArgumentError("multi_lock() needs at least one lock")
         seen: set[tuple[str, str]] = set()
@@ -148,12 +148,12 @@ class MultiLock(Acquirable[MultiLease]):
                     f"multi_lock() takes locks made by client.lock() or client.spin_lock(), "
                     f"got {type(lock).__name__}"
                 )
-            ident = (lock._client.id, lock._key)
+            ident = (lock._engine.id, lock._key)
             if ident in seen:
                 raise InvalidArgumentError(f"lock {lock.name!r} is given twice to multi_lock()")
             seen.add(ident)
-        self._client = client
-        self._locks = sorted(locks, key=lambda lock: (lock._key, lock._client.id))
+        self._engine = engine
+        self._locks = sorted(locks, key=lambda lock: (lock._key, lock._engine.id))
         self.name = "+".join(lock.name for lock in self._locks)
         self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
         self._held: dict[asyncio.Task[Any], list[MultiLease]] = {}
@@ -213,13 +213,13 @@ class MultiLock(Acquirable[MultiLease]):
 
     async def _acquire(self, timeout: float | None, lease: float | None) -> MultiLease:
         for lock in self._locks:
-            lock._client._enter()
+            lock._engine.enter()
         loop = asyncio.get_running_loop()
         task = current_task()
         deadline = None if timeout is None else loop.time() + timeout
         groups: list[list[AsyncLock]] = []
         for lock in self._locks:
-            if groups and groups[-1][0]._client is lock._client:
+            if groups and groups[-1][0]._engine is lock._engine:
                 groups[-1].append(lock)
             else:
                 groups.append([lock])
@@ -264,7 +264,7 @@ class MultiLock(Acquirable[MultiLease]):
         timeout: float | None,
     ) -> list[Lease]:
         """Several locks of one Client: local turns in order, then one script."""
-        client = group[0]._client
+        engine = group[0]._engine
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         states: list[LocalQueue] = []
@@ -272,9 +272,9 @@ class MultiLock(Acquirable[MultiLease]):
         try:
             fresh: list[AsyncLock] = []
             for lock in group:
-                state: LocalQueue | None = client._states.get(lock._key)
+                state: LocalQueue | None = engine.states.get(lock._key)
                 if state is None:
-                    state = client._states[lock._key] = LocalQueue(client, lock._key, lock)
+                    state = engine.states[lock._key] = LocalQueue(engine, lock._key, lock)
                 elif (
                     state.hold is not None
                     and state.hold.task is task
@@ -293,7 +293,7 @@ class MultiLock(Acquirable[MultiLease]):
                 fresh.append(lock)
             if not fresh:
                 return held
-            holds = await _compete_group(client, fresh, states, task, lease, deadline)
+            holds = await _compete_group(engine, fresh, states, task, lease, deadline)
         except BaseException:
             for state in states:
                 state.pass_turn()
@@ -303,31 +303,31 @@ class MultiLock(Acquirable[MultiLease]):
 
 
 async def _compete_group(
-    client: Client,
+    engine: Engine,
     locks: list[AsyncLock],
     states: list[LocalQueue],
     task: asyncio.Task[Any],
     lease: float | None,
     deadline: float | None,
 ) -> list[Hold]:
-    owner = client.owner(task)
-    lease_s = client.lease if lease is None else lease
+    owner = engine.owner(task)
+    lease_s = engine.lease if lease is None else lease
     keys = tuple(k for lock in locks for k in (lock._key, lock._fence_key))
-    attempt_id = client._attempt_id()
-    args = (owner, to_ms(lease_s), client._retention_ms, attempt_id)
+    attempt_id = engine.attempt_id()
+    args = (owner, to_ms(lease_s), engine.retention_ms, attempt_id)
     blocker = [locks[0]]
 
     def undo(reply: Any, error: BaseException | None) -> None:
         if error is None:
             if reply and int(reply[0]) == 1:
                 for lock, token in zip(locks, reply[1:], strict=True):
-                    _spawn_release(client, lock, owner, int(token))
+                    _spawn_release(engine, lock, owner, int(token))
         elif not isinstance(error, DID_NOT_RUN):
             for lock in locks:
-                _spawn_release(client, lock, owner, "", attempt_id)
+                _spawn_release(engine, lock, owner, "", attempt_id)
 
     async def attempt() -> tuple[list[int] | None, float | None]:
-        reply = await client._eval("multi_acquire", keys, args, undo)
+        reply = await engine.eval("multi_acquire", keys, args, undo)
         if reply[0] == 1:
             return [int(token) for token in reply[1:]], None
         blocker[0] = locks[int(reply[1]) - 1]
@@ -335,7 +335,7 @@ async def _compete_group(
         return None, ttl_hint(ttl)
 
     tokens, sent = await compete(
-        client,
+        engine,
         what=f"locks {'+'.join(lock.name for lock in locks)!r}",
         deadline=deadline,
         attempt=attempt,
@@ -350,12 +350,12 @@ async def _compete_group(
 
 
 def _spawn_release(
-    client: Client, lock: AsyncLock, owner: str, token: int | str, attempt_id: int | str = ""
+    engine: Engine, lock: AsyncLock, owner: str, token: int | str, attempt_id: int | str = ""
 ) -> None:
     """Release ``owner``'s hold of ``lock`` with ``token``, or (token "") the
     hold taken by the acquire attempt ``attempt_id``, in the background."""
-    args = (owner, token, lock._channel, client._retention_ms, attempt_id)
-    client._spawn(client._retry("release", lock._release_keys(), args))
+    args = (owner, token, lock._channel, engine.retention_ms, attempt_id)
+    engine.spawn(engine.retry("release", lock._release_keys(), args))
 
 
 def _remaining(deadline: float | None, loop: asyncio.AbstractEventLoop) -> float | None:

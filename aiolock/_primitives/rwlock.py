@@ -49,7 +49,7 @@ from .._core.validate import to_ms
 from .base import Acquirable, Primitive, _Entry, compete, current_task
 
 if TYPE_CHECKING:
-    from .._client import Client
+    from .._core.engine import Engine
 
 __all__ = ["ReadLock", "ReadWriteLock", "WriteLock"]
 
@@ -64,14 +64,14 @@ class _RWState:
     ``hold`` is the local write hold and ``queue`` the local FIFO of writers:
     only one local writer at a time (the holder, or the head of the queue,
     ``busy``) deals with Redis. ``reads`` maps each task to its read hold;
-    readers each compete in Redis. Removes itself from ``client._states``
+    readers each compete in Redis. Removes itself from ``client.states``
     when idle.
     """
 
     __slots__ = (
         "busy",
-        "client",
         "competing",
+        "engine",
         "hold",
         "key",
         "live",
@@ -81,8 +81,8 @@ class _RWState:
         "reads",
     )
 
-    def __init__(self, client: Client, key: str) -> None:
-        self.client = client
+    def __init__(self, engine: Engine, key: str) -> None:
+        self.engine = engine
         self.key = key
         self.hold: Hold | None = None
         self.busy = False
@@ -173,9 +173,9 @@ class _RWState:
             and not self.competing
             and self.pending_reads == 0
             and self.parked_reads == 0
-            and self.client._states.get(self.key) is self
+            and self.engine.states.get(self.key) is self
         ):
-            del self.client._states[self.key]
+            del self.engine.states[self.key]
 
 
 async def _released(hold: Hold) -> None:
@@ -193,7 +193,7 @@ class _WaitEntry:
     """A waiting writer's entry in ``<key>:wq``, kept alive by the watchdog (Renewable)."""
 
     __slots__ = (
-        "client",
+        "engine",
         "expires_at",
         "registered",
         "renew_args",
@@ -202,8 +202,8 @@ class _WaitEntry:
         "watched",
     )
 
-    def __init__(self, client: Client, wq_key: str, member: str) -> None:
-        self.client = client
+    def __init__(self, engine: Engine, wq_key: str, member: str) -> None:
+        self.engine = engine
         self.renew_script = "rw_renew_wait"
         self.renew_key = wq_key
         self.renew_args: tuple[Any, ...] = (member,)
@@ -213,10 +213,10 @@ class _WaitEntry:
 
     def added(self, sent: float) -> None:
         self.registered = True
-        self.expires_at = max(self.expires_at, sent + self.client.lease)
+        self.expires_at = max(self.expires_at, sent + self.engine.lease)
         if not self.watched:
             self.watched = True
-            self.client._watchdog.add(self)
+            self.engine.watchdog.add(self)
 
     def renewed(self, sent: float, lease: float) -> None:
         self.expires_at = max(self.expires_at, sent + lease)
@@ -228,7 +228,7 @@ class _WaitEntry:
     def stop(self) -> None:
         if self.watched:
             self.watched = False
-            self.client._watchdog.remove(self)
+            self.engine.watchdog.remove(self)
 
 
 class ReadWriteLock(Primitive):
@@ -290,8 +290,8 @@ class ReadWriteLock(Primitive):
         "write",
     )
 
-    def __init__(self, client: Client, name: str) -> None:
-        super().__init__(client, name)
+    def __init__(self, engine: Engine, name: str) -> None:
+        super().__init__(engine, name)
         key = self._key
         self._fence_key = f"{key}:fence"
         self._rel_key = f"{key}:rel"
@@ -308,17 +308,17 @@ class ReadWriteLock(Primitive):
     # -- local state ------------------------------------------------------------------------
 
     def _local(self) -> _RWState | None:
-        state: _RWState | None = self._client._states.get(self._state_key)
+        state: _RWState | None = self._engine.states.get(self._state_key)
         return state
 
     def _local_or_new(self) -> _RWState:
         state = self._local()
         if state is None:
-            state = self._client._states[self._state_key] = _RWState(self._client, self._state_key)
+            state = self._engine.states[self._state_key] = _RWState(self._engine, self._state_key)
         return state
 
     def _writer_waiter(self) -> Waiter:
-        return self._client._waiter(self._wchannel, self._wsignal)
+        return self._engine.waiter(self._wchannel, self._wsignal)
 
     # -- keys and arguments of the scripts ---------------------------------------------
 
@@ -332,25 +332,25 @@ class ReadWriteLock(Primitive):
         return (self._wq_key, self._key, self._rq_key, self._signal, self._wsignal)
 
     def _release_read_later(self, owner: str, token: int | str, nonce: str) -> None:
-        client = self._client
+        engine = self._engine
         args = (owner, token, self._wchannel, nonce)
-        client._spawn(client._retry("rw_release_read", self._read_release_keys(), args))
+        engine.spawn(engine.retry("rw_release_read", self._read_release_keys(), args))
 
     def _release_write_later(self, owner: str, token: int | str, nonce: str) -> None:
-        client = self._client
+        engine = self._engine
         args = (owner, token, self._channel, self._wchannel, nonce)
-        client._spawn(client._retry("rw_release_write", self._write_release_keys(), args))
+        engine.spawn(engine.retry("rw_release_write", self._write_release_keys(), args))
 
     def _unwait_later(self, owner: str, nonce: str) -> None:
-        client = self._client
+        engine = self._engine
         args = (f"{owner}#{nonce}", self._channel, self._wchannel)
-        client._spawn(client._retry("rw_unwait", self._unwait_keys(), args))
+        engine.spawn(engine.retry("rw_unwait", self._unwait_keys(), args))
 
     # -- acquire ---------------------------------------------------------------------------
 
     async def _acquire_read(self, timeout: float | None, lease: float | None) -> Lease:
-        client = self._client
-        loop = client._enter()
+        engine = self._engine
+        loop = engine.enter()
         task = current_task()
         state = self._local()
         if state is not None:
@@ -376,22 +376,22 @@ class ReadWriteLock(Primitive):
         lease: float | None,
         deadline: float | None,
     ) -> Hold:
-        client = self._client
-        owner = client.owner(task)
-        lease_s = client.lease if lease is None else lease
+        engine = self._engine
+        owner = engine.owner(task)
+        lease_s = engine.lease if lease is None else lease
         keys = (self._key, self._fence_key, self._wq_key, self._rq_key)
         nonce = str(next(_nonces))
-        args = (owner, to_ms(lease_s), client._retention_ms, client.id, nonce)
+        args = (owner, to_ms(lease_s), engine.retention_ms, engine.id, nonce)
         undo = functools.partial(_undo_read, self, owner, nonce)
 
         async def attempt() -> tuple[int | None, float | None]:
-            reply = await client._eval("rw_acquire_read", keys, args, undo)
+            reply = await engine.eval("rw_acquire_read", keys, args, undo)
             if int(reply[0]) == 1:
                 return int(reply[1]), None
             return None, max(int(reply[1]), 1) / 1000.0
 
         token, sent = await compete(
-            client,
+            engine,
             what=f"read lock {self.name!r}",
             deadline=deadline,
             attempt=attempt,
@@ -400,7 +400,7 @@ class ReadWriteLock(Primitive):
             parked=state.set_reader_parked,
         )
         hold = Hold(
-            client,
+            engine,
             self.name,
             owner,
             token,
@@ -417,12 +417,12 @@ class ReadWriteLock(Primitive):
         )
         hold.on_detach = state.hold_ended
         state.reads[task] = hold
-        client._track(hold)
+        engine.track(hold)
         return hold
 
     async def _acquire_write(self, timeout: float | None, lease: float | None) -> Lease:
-        client = self._client
-        loop = client._enter()
+        engine = self._engine
+        loop = engine.enter()
         task = current_task()
         state = self._local()
         if state is not None:
@@ -460,22 +460,22 @@ class ReadWriteLock(Primitive):
         lease: float | None,
         deadline: float | None,
     ) -> Hold:
-        client = self._client
+        engine = self._engine
         loop = asyncio.get_running_loop()
-        owner = client.owner(task)
-        lease_s = client.lease if lease is None else lease
+        owner = engine.owner(task)
+        lease_s = engine.lease if lease is None else lease
         keys = (self._key, self._fence_key, self._wq_key)
         lease_ms = to_ms(lease_s)
         nonce = str(next(_nonces))
         undo = functools.partial(_undo_write, self, owner, nonce)
-        entry = _WaitEntry(client, self._wq_key, f"{owner}#{nonce}")
+        entry = _WaitEntry(engine, self._wq_key, f"{owner}#{nonce}")
 
         async def attempt() -> tuple[int | None, float | None]:
             sent = loop.time()
             # Register as a waiting writer only if we may wait after this try.
-            wait_ms = client._lease_ms if deadline is None or deadline > sent else 0
-            args = (owner, lease_ms, client._retention_ms, wait_ms, nonce)
-            reply = await client._eval("rw_acquire_write", keys, args, undo)
+            wait_ms = engine.lease_ms if deadline is None or deadline > sent else 0
+            args = (owner, lease_ms, engine.retention_ms, wait_ms, nonce)
+            reply = await engine.eval("rw_acquire_write", keys, args, undo)
             code = int(reply[0])
             if code == 1:
                 return int(reply[1]), None
@@ -485,7 +485,7 @@ class ReadWriteLock(Primitive):
 
         try:
             token, sent = await compete(
-                client,
+                engine,
                 what=f"write lock {self.name!r}",
                 deadline=deadline,
                 attempt=attempt,
@@ -500,7 +500,7 @@ class ReadWriteLock(Primitive):
         finally:
             entry.stop()
         hold = Hold(
-            client,
+            engine,
             self.name,
             owner,
             token,
@@ -517,23 +517,23 @@ class ReadWriteLock(Primitive):
         )
         hold.on_detach = state.hold_ended
         state.hold = hold
-        client._track(hold)
+        engine.track(hold)
         return hold
 
     # -- queries shared by the views ------------------------------------------------------
 
     async def _state(self) -> tuple[int, int, int]:
-        client = self._client
-        client._enter()
-        reply = await client._eval("rw_state", (self._key,), ())
+        engine = self._engine
+        engine.enter()
+        reply = await engine.eval("rw_state", (self._key,), ())
         return int(reply[0]), int(reply[1]), int(reply[2])
 
     async def _force(self, what: str) -> bool:
-        client = self._client
-        client._enter()
+        engine = self._engine
+        engine.enter()
         keys = (self._key, self._wq_key, self._rq_key, self._signal, self._wsignal)
         evicted = int(
-            await client._eval("rw_force_release", keys, (what, self._channel, self._wchannel))
+            await engine.eval("rw_force_release", keys, (what, self._channel, self._wchannel))
         )
         state = self._local()
         if state is not None:
@@ -604,7 +604,7 @@ class _Side(Acquirable[Lease]):
         lease was lost). If cancelled while the release is on the wire, the
         release still completes.
         """
-        self._core._client._check_usable()
+        self._core._engine.check_usable()
         hold = self._my_hold()
         if hold is None or not hold.leases:
             raise LockNotOwnedError(
@@ -615,13 +615,13 @@ class _Side(Acquirable[Lease]):
 
     async def is_owned(self) -> bool:
         """True if the current task holds this side, confirmed by Redis."""
-        client = self._core._client
-        client._enter()
+        engine = self._core._engine
+        engine.enter()
         hold = self._my_hold()
         if hold is None:
             return False
         left = int(
-            await client._eval("rw_owned", (self._core._key,), (self._kind, hold.owner, hold.token))
+            await engine.eval("rw_owned", (self._core._key,), (self._kind, hold.owner, hold.token))
         )
         if left == -2:
             hold.gone("the hold was gone when checked")
@@ -630,7 +630,7 @@ class _Side(Acquirable[Lease]):
 
     async def hold_count(self) -> int:
         """How many times the current task holds this side (0 if not). No round trip."""
-        self._core._client._enter()
+        self._core._engine.enter()
         hold = self._my_hold()
         return hold.count if hold is not None else 0
 

@@ -33,7 +33,7 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from .._client import Client
+    from .._core.engine import Engine
 
 __all__ = ["MAX_PERMITS", "Permit", "Semaphore"]
 
@@ -87,10 +87,10 @@ class Permit(Lease):
 class _SemState:
     """One semaphore name in one Client: its local holds and parked tasks."""
 
-    __slots__ = ("active", "client", "held", "key", "parked")
+    __slots__ = ("active", "engine", "held", "key", "parked")
 
-    def __init__(self, client: Client, key: str) -> None:
-        self.client = client
+    def __init__(self, engine: Engine, key: str) -> None:
+        self.engine = engine
         self.key = key
         self.held: dict[Hold, None] = {}
         self.active = 0  # tasks inside acquire
@@ -110,8 +110,8 @@ class _SemState:
         self.drop_if_idle()
 
     def drop_if_idle(self) -> None:
-        if not self.held and not self.active and self.client._states.get(self.key) is self:
-            del self.client._states[self.key]
+        if not self.held and not self.active and self.engine.states.get(self.key) is self:
+            del self.engine.states[self.key]
 
     def close(self) -> None:
         return None  # parked tasks are failed by their channel or by compete()
@@ -212,8 +212,8 @@ class Semaphore(Primitive, LockLike[Permit]):
         "_state_key",
     )
 
-    def __init__(self, client: Client, name: str, permits: int) -> None:
-        super().__init__(client, name)
+    def __init__(self, engine: Engine, name: str, permits: int) -> None:
+        super().__init__(engine, name)
         self._permits = check_permits(permits)
         self._holders_key = f"{self._key}:h"
         self._released_key = f"{self._key}:r"
@@ -268,12 +268,12 @@ class Semaphore(Primitive, LockLike[Permit]):
     async def _acquire_permits(
         self, permits: int, timeout: float | None, lease: float | None
     ) -> Permit:
-        client = self._client
-        loop = client._enter()
+        engine = self._engine
+        loop = engine.enter()
         task = current_task()
-        state: _SemState | None = client._states.get(self._state_key)
+        state: _SemState | None = engine.states.get(self._state_key)
         if state is None:
-            state = client._states[self._state_key] = _SemState(client, self._state_key)
+            state = engine.states[self._state_key] = _SemState(engine, self._state_key)
         deadline = None if timeout is None else loop.time() + timeout
         state.active += 1
         try:
@@ -293,24 +293,24 @@ class Semaphore(Primitive, LockLike[Permit]):
         lease: float | None,
         deadline: float | None,
     ) -> Permit:
-        client = self._client
+        engine = self._engine
         # A try that will not wait takes no claim (it would only hold others back).
         timeout_allows_wait = deadline is None or deadline > asyncio.get_running_loop().time()
-        owner = client.owner(task)
+        owner = engine.owner(task)
         member = f"{permits}|{owner}:{next(_acquisitions)}"
-        lease_s = client.lease if lease is None else lease
+        lease_s = engine.lease if lease is None else lease
         keys = (self._key, self._holders_key, self._fence_key, self._signal)
-        claim_ms = client._lease_ms if timeout_allows_wait else 0
+        claim_ms = engine.lease_ms if timeout_allows_wait else 0
         since_ms = 0  # when this acquisition first failed, by the server's clock
 
         release_keys = self._release_keys()
-        release_args = (member, self._permits, client._retention_ms, self._channel)
+        release_args = (member, self._permits, engine.retention_ms, self._channel)
         claimed = False
 
         def cleanup() -> None:
             # Return whatever this member may hold, and drop its claim.
-            if not client._closed:
-                client._spawn(client._retry("sem_release", release_keys, release_args))
+            if not engine.closed:
+                engine.spawn(engine.retry("sem_release", release_keys, release_args))
 
         def undo(reply: Any, error: BaseException | None) -> None:
             """The reply of an attempt was lost to a timeout or a cancellation."""
@@ -326,12 +326,12 @@ class Semaphore(Primitive, LockLike[Permit]):
                 member,
                 self._permits,
                 to_ms(lease_s),
-                client._retention_ms,
+                engine.retention_ms,
                 self._channel,
                 claim_ms,
                 since_ms,
             )
-            reply = await client._eval("sem_acquire", keys, args, undo)
+            reply = await engine.eval("sem_acquire", keys, args, undo)
             code = int(reply[0])
             if code == 1:
                 return int(reply[1]), None
@@ -342,10 +342,10 @@ class Semaphore(Primitive, LockLike[Permit]):
                 )
             wait_ms = int(reply[1])
             since_ms = int(reply[3])
-            bound = client.lease
+            bound = engine.lease
             if int(reply[2]) == 1:
                 claimed = True
-                bound = client.lease / 2  # refresh the claim before it lapses
+                bound = engine.lease / 2  # refresh the claim before it lapses
             elif claimed:
                 claimed = False  # our claim lapsed and another waiter took it
             if wait_ms > 0:
@@ -354,7 +354,7 @@ class Semaphore(Primitive, LockLike[Permit]):
 
         try:
             token, sent = await compete(
-                client,
+                engine,
                 what=f"{permits} permit(s) of semaphore {self.name!r}",
                 deadline=deadline,
                 attempt=attempt,
@@ -367,7 +367,7 @@ class Semaphore(Primitive, LockLike[Permit]):
                 cleanup()
             raise
         hold = Hold(
-            client,
+            engine,
             self.name,
             owner,
             token,
@@ -382,7 +382,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         hold.leases.append(permit)
         hold.on_detach = state.hold_ended
         state.held[hold] = None
-        client._track(hold)
+        engine.track(hold)
         return permit
 
     # -- async with ------------------------------------------------------------------------
@@ -444,8 +444,8 @@ class Semaphore(Primitive, LockLike[Permit]):
         LockNotOwnedError if the current task holds none. If cancelled while
         the release is on the wire, the release still completes.
         """
-        self._client._check_usable()
-        state: _SemState | None = self._client._states.get(self._state_key)
+        self._engine.check_usable()
+        state: _SemState | None = self._engine.states.get(self._state_key)
         task = asyncio.current_task()
         if state is not None:
             for hold in reversed(list(state.held)):
@@ -460,12 +460,12 @@ class Semaphore(Primitive, LockLike[Permit]):
     # -- N and queries -------------------------------------------------------------------------
 
     async def _state(self) -> tuple[int, int]:
-        client = self._client
-        client._enter()
-        reply = await client._eval(
+        engine = self._engine
+        engine.enter()
+        reply = await engine.eval(
             "sem_state",
             (self._key, self._holders_key, self._signal),
-            (self._permits, client._retention_ms, self._channel),
+            (self._permits, engine.retention_ms, self._channel),
         )
         return int(reply[0]), int(reply[1])
 
@@ -496,17 +496,17 @@ class Semaphore(Primitive, LockLike[Permit]):
         InvalidArgumentError. This object's ``permits`` becomes the new N too.
         """
         n = check_permits(permits)
-        client = self._client
-        client._enter()
-        await client._eval(
+        engine = self._engine
+        engine.enter()
+        await engine.eval(
             "sem_set_permits",
             (self._key, self._holders_key, self._signal),
-            (n, self._permits, client._retention_ms, self._channel),
+            (n, self._permits, engine.retention_ms, self._channel),
         )
         self._permits = n
 
     def __repr__(self) -> str:
-        state: _SemState | None = self._client._states.get(self._state_key)
+        state: _SemState | None = self._engine.states.get(self._state_key)
         if state is None:
             return f"<Semaphore {self.name!r} N={self._permits}, nothing held here>"
         held = sum(p.permits for h in state.held for p in h.leases if isinstance(p, Permit))

@@ -9,7 +9,7 @@ from .._core.notify import Backoff, PollWaiter, Waiter
 from .lock import AsyncLock
 
 if TYPE_CHECKING:
-    from .._client import Client
+    from .._core.engine import Engine
 
 __all__ = ["SpinLock"]
 
@@ -30,13 +30,13 @@ class SpinLock(AsyncLock):
 
     _targeted = False  # it polls: no registration for targeted wake-ups
 
-    def __init__(self, client: Client, name: str, *, backoff: Backoff | None = None) -> None:
-        super().__init__(client, name)
+    def __init__(self, engine: Engine, name: str, *, backoff: Backoff | None = None) -> None:
+        super().__init__(engine, name)
         if backoff is not None and not isinstance(backoff, Backoff):
             raise InvalidArgumentTypeError(
                 f"backoff must be an aiolock.Backoff, got {type(backoff).__name__}"
             )
-        self._backoff = backoff or client.backoff
+        self._backoff = backoff or engine.backoff
 
     def _waiter(self) -> Waiter:
         return PollWaiter(self._backoff)
