@@ -101,6 +101,18 @@ def sccs(graph: dict[str, set[str]]) -> list[list[str]]:
     return result
 
 
+def engine_names(tree: ast.AST) -> set[str]:
+    """The public names a primitive module uses on the Engine (its interface width)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and not node.attr.startswith("_"):
+            recv = node.value
+            name = recv.id if isinstance(recv, ast.Name) else getattr(recv, "attr", None)
+            if name in {"engine", "_engine"}:
+                names.add(node.attr)
+    return names
+
+
 def client_touches(path: Path, tree: ast.AST) -> int:
     count = 0
     for node in ast.walk(tree):
@@ -144,6 +156,11 @@ def main() -> None:
             if n:
                 touches[m] = n
     print(f"primitive touches of Client internals: {sum(touches.values())} {touches}")
+    used: set[str] = set()
+    for m, p in mods.items():
+        if "._primitives" in m:
+            used |= engine_names(trees[m])
+    print(f"Engine names the primitives use: {len(used)} {sorted(used)}")
     for sub in ("aiolock", "tests"):
         try:
             out = subprocess.run(
