@@ -5,8 +5,13 @@ the one pub/sub listener (with its own connection), the one watchdog (whose
 renewals have a command connection of their own, so that they never queue
 behind a burst of acquires), the loaded scripts, the client id and the
 registry of every primitive's local state. The primitives call its public
-methods (run this script for this key, track this hold, wait on this
-channel) and nothing else; ``Client`` is the public facade that creates it.
+methods (run this script for this key, send this command for this key, make
+and track this hold, undo this acquire, wait on this channel, keep this
+local state, spawn this background work: see "the primitives' interface"
+below) and nothing else; ``Client`` is the public facade that creates it.
+The lower modules name what they need of it as Protocols (``HoldEngine``
+in lease.py, ``Renewer`` in watchdog.py), which it satisfies structurally:
+nothing below imports this module.
 """
 
 from __future__ import annotations
@@ -15,9 +20,9 @@ import asyncio
 import logging
 import math
 import secrets
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
@@ -25,7 +30,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .connection import CommandConnection, Orphan
+from .connection import DID_NOT_RUN, CommandConnection, Orphan
 from .errors import (
     ClientClosedError,
     InvalidArgumentError,
@@ -37,19 +42,25 @@ from .errors import (
 )
 from .futures import Outcome
 from .lease import Hold, Lease, LostCallback, call_lost_callback
-from .listener import Listener
+from .listener import Channel, Listener
 from .notify import Backoff, ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
 from .owner import task_serial
 from .scripts import Script, load_scripts, refused
 from .validate import check_lease, check_prefix, check_seconds, to_ms
-from .watchdog import Watchdog, plan_batches
+from .watchdog import Renewable, Watchdog, plan_batches
 
-__all__ = ["ClientStatistics", "Engine", "Notify"]
+__all__ = ["Call", "ClientStatistics", "Engine", "Notify", "Undo"]
 
 log = logging.getLogger("aiolock")
 
 Notify = Literal["pubsub", "list", "poll"]
 _NOTIFY_MODES = ("pubsub", "list", "poll")
+S = TypeVar("S")
+A = TypeVar("A")
+#: One idempotent script call: (script name, keys, args).
+Call = tuple[str, tuple[Any, ...], tuple[Any, ...]]
+#: Given an acquire's reply and its undo's calls, the calls that undo what it did.
+OnReply = Callable[[Any, tuple[Call, ...]], tuple[Call, ...]]
 #: Fence counters of names nobody used for this long expire (see DESIGN: fencing).
 FENCE_RETENTION = 24 * 3600.0
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)  # OSError: ConnectionFailedError
@@ -83,6 +94,66 @@ class ClientStatistics:
     """Clean-up tasks still running (undo of a cancelled acquire, release retries)."""
     command_connects: int
     pubsub_connects: int
+
+
+class Undo:
+    """The one undo of an acquire call whose reply was lost (to a timeout or a
+    cancellation), whatever the primitive: its ``orphan`` handler.
+
+    The script may have run, so what it did is undone in the background, by
+    idempotent scripts that target this call only (its attempt id, see
+    ``Engine.attempt_id``), never the owner alone: an undo may run late (a
+    retry after an outage), when the same task holds the lock again from a
+    later call.
+
+    * The reply was read after all (``error`` None): ``on_reply(reply,
+      calls)`` says what to run (a release with the granted token, leaving
+      a queue it joined, ...; nothing if it changed nothing); without
+      ``on_reply``, ``calls`` are run whatever the reply.
+    * The script failed (``DID_NOT_RUN``): it changed nothing, nothing to do.
+    * Unknown whether it ran: ``calls`` (the primitive's clean-up of
+      whatever this call may have done). ``abandon()`` and ``now()`` run them
+      too (``compete`` gave up; the caller leaves).
+
+    ``while_open``: skip the clean-up once the Client is closing (its
+    ``aclose`` cleans up the holds itself).
+    """
+
+    __slots__ = ("calls", "engine", "on_reply", "while_open")
+
+    def __init__(
+        self,
+        engine: Engine,
+        calls: tuple[Call, ...],
+        on_reply: OnReply | None,
+        while_open: bool,
+    ) -> None:
+        self.engine = engine
+        self.calls = calls
+        self.on_reply = on_reply
+        self.while_open = while_open
+
+    def __call__(self, reply: Any, error: BaseException | None) -> None:
+        if error is None:
+            if self.on_reply is not None:
+                self._run(self.on_reply(reply, self.calls))
+                return
+        elif isinstance(error, DID_NOT_RUN):
+            return  # the script failed: it changed nothing
+        self._run(self.calls)
+
+    def now(self) -> None:
+        """Clean up whatever this call may have done (unknown whether it ran)."""
+        self._run(self.calls)
+
+    abandon = now
+
+    def _run(self, calls: tuple[Call, ...]) -> None:
+        engine = self.engine
+        if self.while_open and engine.closed:
+            return
+        for name, keys, args in calls:
+            engine.clean_up(name, keys, args)
 
 
 class Engine:
@@ -143,7 +214,7 @@ class Engine:
         # (_verify_holds) and hands out no reserved token meanwhile.
         self.epoch = 0
         # Loop time of the last epoch change: an acquire sent after it was
-        # granted in the current epoch (see _track).
+        # granted in the current epoch (see track).
         self.epoch_since = -math.inf
         self.verifier: asyncio.Task[None] | None = None
         self.mux = CommandConnection(
@@ -170,6 +241,11 @@ class Engine:
         # warned that Redis is unreachable (one warning per outage).
         self.outage_warned = -1
         self.watchdog = Watchdog(self, self.lease)
+        # Bound once, as attributes: no call frame more on the release path.
+        #: Stop renewing an item (a hold, or a ``renew`` item); a no-op if not renewed.
+        self.untrack: Callable[[Renewable], None] = self.watchdog.remove
+        #: The local state keyed ``key`` (see ``state``), or None: nothing is created.
+        self.peek_state: Callable[[str], Any] = self.states.get
         self.lease_ms = to_ms(self.lease)
         self.retention_ms = to_ms(FENCE_RETENTION)
 
@@ -288,7 +364,23 @@ class Engine:
             pubsub_connects=self.listener.connects,
         )
 
-    # -- plumbing used by the primitives ----------------------------------------------------
+    # -- the primitives' interface: keys, owners, attempts ----------------------------------
+    #
+    # Everything a primitive asks of the engine goes through the methods below
+    # (never through ``mux``, ``listener``, ``signals`` or ``watchdog``):
+    #
+    # * Redis, routed by key: ``eval`` / ``submit_script`` / ``send_script`` /
+    #   ``retry`` run a script for ``keys[0]``, ``call`` sends a plain command
+    #   for its key. ``_route`` picks the connection (standalone: the one
+    #   command connection; a Cluster router replaces that one method).
+    # * Holds: ``new_hold`` makes, wires and tracks every hold; ``release_hold``
+    #   (and ``release_failed`` / ``release_finished`` for a primitive's own
+    #   release script) ends it; ``undo`` cleans up an acquire whose reply was
+    #   lost; ``attempt_id`` numbers every acquire call.
+    # * Waiting: ``waiter`` / ``pubsub_waiter`` / ``subscribed`` / ``subscribe``
+    #   / ``unsubscribe``; renewed items: ``renew`` / ``untrack`` / ``renewing``.
+    # * Local state: ``state`` / ``peek_state`` / ``drop_state``; ``spawn`` for
+    #   background work.
 
     def key(self, name: str) -> str:
         return f"{self.prefix}:{{{name}}}"
@@ -297,9 +389,49 @@ class Engine:
         return f"{self.id}:{task_serial(task)}"
 
     def attempt_id(self) -> int:
-        """A number unique per acquisition attempt of this Client (see acquire.lua)."""
+        """A number unique per acquire call (or attempt) of this Client.
+
+        The one source of the ids that scripts use to tell one acquire from
+        another of the same owner (acquire.lua's attempt id, the fair lock's
+        waiter id, the read-write lock's nonce, the semaphore's holder id), so
+        that a late undo or retry touches only what its own call did.
+        """
         self._attempts += 1
         return self._attempts
+
+    # -- local state ------------------------------------------------------------------------
+
+    def state(self, key: str, factory: Callable[[A], S], arg: A) -> S:
+        """The local state keyed ``key`` (one per primitive name and kind, shared
+        by every object of that name in this Client), made by ``factory(arg)``
+        if there is none. (A factory and its argument, not a closure: nothing
+        is allocated when the state exists.) The engine asks every state for
+        ``holds()``, ``waiting()`` and ``close()`` (and ``leave()``, if it has one).
+        """
+        state: S | None = self.states.get(key)
+        if state is None:
+            state = self.states[key] = factory(arg)
+        return state
+
+    def drop_state(self, key: str, state: object) -> None:
+        """Forget the local state keyed ``key`` if it is ``state`` (it went idle)."""
+        if self.states.get(key) is state:
+            del self.states[key]
+
+    # -- Redis, routed by key ------------------------------------------------------------------
+
+    def _route(self, key: Any) -> CommandConnection:
+        """The command connection that serves ``key`` (standalone: always the one).
+
+        The only place that picks a connection for a primitive's command: a
+        Cluster router replaces this method.
+        """
+        return self.mux
+
+    async def call(self, key: Any, *command: Any) -> Any:
+        """Send a plain command about ``key`` (its first argument after the name)
+        and return the reply, e.g. ``call(key, b"PTTL", key)``."""
+        return await self._route(key).call(*command)
 
     def _new_connection(self) -> AbstractConnection:
         pool = self._redis.connection_pool
@@ -323,13 +455,14 @@ class Engine:
     def submit_script(
         self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...]
     ) -> asyncio.Future[Any]:
+        """Send a script for ``keys[0]`` now; the future gets its reply."""
         script = self.scripts[name]
-        return self.mux.submit(b"EVALSHA", script.sha, len(keys), *keys, *args)
+        return self._route(keys[0]).submit(b"EVALSHA", script.sha, len(keys), *keys, *args)
 
     def send_script(
         self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...], callback: Orphan
     ) -> None:
-        """Send a script; ``callback(reply, error)`` runs from the reply's parse.
+        """Send a script for ``keys[0]``; ``callback(reply, error)`` runs from the reply's parse.
 
         It must not raise: an exception is logged, and the callback is given
         no second call. (A NOSCRIPT error is passed on like any other.)
@@ -342,7 +475,7 @@ class Engine:
             except Exception:
                 log.exception("aiolock: reply handler of %r failed", name)
 
-        self.mux.send(b"EVALSHA", script.sha, len(keys), *keys, *args, callback=guarded)
+        self._route(keys[0]).send(b"EVALSHA", script.sha, len(keys), *keys, *args, callback=guarded)
 
     async def eval(
         self,
@@ -352,9 +485,11 @@ class Engine:
         orphan: Any = None,
         mux: CommandConnection | None = None,
     ) -> Any:
-        """Run a script; reload it once on NOSCRIPT (safe: NOSCRIPT means it did not run)."""
+        """Run a script for ``keys[0]``; reload it once on NOSCRIPT (safe: NOSCRIPT
+        means it did not run). ``orphan(reply, error)`` runs if the caller gives
+        up before the reply (see ``undo``); ``mux`` is the watchdog's own lane."""
         script = self.scripts[name]
-        mux = mux or self.mux
+        mux = mux or self._route(keys[0])
         try:
             return await mux.call(b"EVALSHA", script.sha, len(keys), *keys, *args, orphan=orphan)
         except NoScriptError:
@@ -408,7 +543,67 @@ class Engine:
             delay = min(delay * 2, 1.0)
         raise AssertionError("unreachable")
 
-    # -- holds: release, extend, renew -------------------------------------------------
+    def clean_up(self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...]) -> None:
+        """Run an idempotent clean-up script in the background (``retry``, spawned)."""
+        self.spawn(self.retry(name, keys, args))
+
+    def undo(
+        self,
+        calls: tuple[Call, ...],
+        on_reply: OnReply | None = None,
+        *,
+        while_open: bool = False,
+    ) -> Undo:
+        """The undo of one acquire call, used as its ``orphan`` handler: see ``Undo``."""
+        return Undo(self, calls, on_reply, while_open)
+
+    # -- holds: make, release, extend, renew ----------------------------------------------
+
+    def new_hold(
+        self,
+        name: str,
+        owner: str,
+        token: int,
+        task: asyncio.Task[Any] | None,
+        lease: float | None,
+        lease_s: float,
+        sent: float,
+        *,
+        release: tuple[str, tuple[Any, ...], tuple[Any, ...]],
+        renew: tuple[str, str, tuple[Any, ...]],
+        on_detach: Callable[[Hold], None],
+        on_release: Callable[[Hold], asyncio.Future[int]] | None = None,
+        confirmed: int = -1,
+    ) -> Hold:
+        """The one place a hold is made: build it, wire it and start keeping it alive.
+
+        ``lease`` is what the caller asked for (None: the watchdog renews the
+        hold; else it simply expires), ``lease_s`` its length in seconds and
+        ``sent`` the send time of the acquire that was granted, so the hold
+        expires at ``sent + lease_s``. ``release``/``renew``: the scripts (see
+        ``Hold``); ``on_detach`` frees the primitive's local gate when the
+        hold ends; ``on_release`` replaces ``release_hold`` (the plain lock's
+        handoff). ``confirmed``: the connection epoch in which the server
+        granted it, if the primitive knows (see ``track``). The primitive
+        records the returned hold in its local state.
+        """
+        hold = Hold(
+            self,
+            name,
+            owner,
+            token,
+            task,
+            lease_s,
+            lease is None,
+            sent + lease_s,
+            release=release,
+            renew=renew,
+        )
+        hold.on_detach = on_detach
+        hold.on_release = on_release
+        hold.confirmed = confirmed
+        self.track(hold)
+        return hold
 
     def release_hold(self, hold: Hold) -> asyncio.Future[int]:
         """Start releasing a hold in Redis; the returned future resolves with the
@@ -441,23 +636,30 @@ class Engine:
         try:
             code = int(await self.retry(script, keys, args))
         except BaseException as exc:
-            hold.releasing = None
-            if refused(exc):
-                # Nothing changed: the hold is still ours (and still renewed);
-                # the caller may release again once the key is fixed.
-                if not outcome.done():
-                    outcome.set_exception(exc)
-                return
-            # Give up: stop renewing, so the hold expires by itself within one lease.
-            hold.mark_lost(f"release failed: {exc!r}")
-            if not outcome.done():
-                outcome.set_exception(exc)
+            self.release_failed(hold, outcome, exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
         self.release_finished(hold, outcome, code)
 
+    def release_failed(self, hold: Hold, outcome: asyncio.Future[int], exc: BaseException) -> None:
+        """The one ending of a release that failed for good (after its retries).
+
+        Refused (``refused(exc)``: a key of the name holds a value aiolock did
+        not write): nothing changed, the hold is still ours and still renewed,
+        and the caller may release again once the key is fixed. Otherwise give
+        up: the hold is lost (no longer renewed) and expires by itself within
+        one lease. Either way the caller gets ``exc``.
+        """
+        hold.releasing = None
+        if not refused(exc):
+            hold.mark_lost(f"release failed: {exc!r}")
+        if not outcome.done():
+            outcome.set_exception(exc)
+
     def release_finished(self, hold: Hold, outcome: asyncio.Future[int], code: int) -> None:
+        """The one ending of a release Redis answered: ``code`` 1 or 2 (released)
+        or 0 (the hold was gone: lost, unless it already was). Ends the hold."""
         if code == 0 and not hold.lost:
             hold.mark_lost("the hold was gone when released (expired or force-released)")
         hold.detach()
@@ -501,6 +703,17 @@ class Engine:
                 hold.expires_at, hold.gone, "the fixed lease expired"
             )
 
+    # -- renewed items (besides holds: the fair lock's liveness, waiting writers) -----------
+
+    def renew(self, item: Renewable) -> None:
+        """Have the watchdog renew ``item`` until ``untrack(item)`` (or it is gone)."""
+        self.watchdog.add(item)
+
+    def renewing(self, item: Renewable) -> bool:
+        return item in self.watchdog
+
+    # -- waiting --------------------------------------------------------------------------------
+
     def waiter(self, channel: bytes, signal: str) -> Waiter:
         """A registration for a waiting task, by this Client's notify mode."""
         if self.notify == "pubsub":
@@ -508,6 +721,37 @@ class Engine:
         if self.notify == "list":
             return ListWaiter(self.signals, signal.encode())
         return PollWaiter(self.backoff)
+
+    def pubsub_waiter(self, channel: bytes) -> Waiter:
+        """A registration on pub/sub ``channel`` whatever the notify mode (targeted wake-ups)."""
+        return PubSubWaiter(self.listener, channel)
+
+    def subscribed(self, channel: bytes) -> Channel | None:
+        """The listener's channel ``channel`` if some waiter registered it (maybe lingering)."""
+        return self.listener.channels.get(channel)
+
+    def subscribe(self, channel: bytes, signal: bytes) -> Channel | None:
+        """Register a channel of one's own (a handler, no waiters) by notify mode:
+        pub/sub ``channel``, the signal list ``signal``, or None when polling."""
+        if self.notify == "pubsub":
+            return self.listener.register(channel)
+        if self.notify == "list":
+            return self.signals.register(signal)
+        return None
+
+    def unsubscribe(self, channel: Channel) -> None:
+        """Drop a channel registered with ``subscribe``."""
+        if self.notify == "pubsub":
+            self.listener.unregister(channel)
+        else:
+            self.signals.unregister(channel)
+
+    def first_outage_warning(self) -> bool:
+        """True once per outage (per command connection lost): whether to log it."""
+        if self.outage_warned == self.mux.connects:
+            return False
+        self.outage_warned = self.mux.connects
+        return True
 
     def renew_batch(self, script: str, items: list[Any], lease: float) -> asyncio.Future[Any]:
         """Renew ``items`` (to last at least ``lease`` seconds) in one script call.

@@ -13,16 +13,13 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from .errors import LockNotOwnedError
 from .futures import Outcome
 from .validate import check_seconds
 
-if TYPE_CHECKING:
-    from .engine import Engine
-
-__all__ = ["Hold", "Lease", "LostCallback"]
+__all__ = ["Hold", "HoldEngine", "Lease", "LostCallback"]
 
 log = logging.getLogger("aiolock")
 
@@ -34,8 +31,37 @@ class _Canceller(Protocol):
     def lease_lost(self, hold: Hold) -> None: ...
 
 
+class HoldEngine(Protocol):
+    """What a Hold and its Leases need of the engine that made them.
+
+    ``Engine`` satisfies it structurally; it is declared here, below the
+    engine, so that this module needs no import of it (no cycle).
+    """
+
+    def untrack(self, hold: Hold) -> None:
+        """Stop renewing ``hold`` (a no-op if it is not renewed)."""
+
+    def run_callback(self, callback: LostCallback, lease: Lease) -> None:
+        """Run an ``on_lost`` callback (a coroutine one as a task), logging errors."""
+
+    def check_usable(self) -> None:
+        """Raise unless called from the engine's event loop."""
+
+    def release_hold(self, hold: Hold) -> asyncio.Future[int]:
+        """Start the release in Redis: the future gets 1, 2 (released) or 0 (gone)."""
+        ...
+
+    async def extend_hold(self, hold: Hold, seconds: float) -> None:
+        """Make the hold last at least ``seconds`` from now."""
+
+
 class Hold:
-    """One ownership of one lock in Redis (shared by the Leases of its re-entries)."""
+    """One ownership of one lock in Redis (shared by the Leases of its re-entries).
+
+    Made only by ``Engine.new_hold``, which wires it (``on_detach``,
+    ``on_release``) and starts keeping it alive; its engine is anything
+    that satisfies ``HoldEngine``.
+    """
 
     __slots__ = (
         "__weakref__",
@@ -67,7 +93,7 @@ class Hold:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: HoldEngine,
         name: str,
         owner: str,
         token: int,
@@ -96,7 +122,7 @@ class Hold:
         # Fencing tokens after this one that this Client reserved in Redis and
         # may hand to its next local holders without a round trip.
         self.reserve = 0
-        # The Client's connection epoch (Client._epoch) in which the server last
+        # The engine's connection epoch (Engine.epoch) in which the server last
         # confirmed this hold (its grant or a renewal); -1: never. Reserved
         # tokens are handed out locally only while it is the current epoch.
         self.confirmed = -1
@@ -108,7 +134,7 @@ class Hold:
         self.timer: asyncio.TimerHandle | None = None
         # Called once when the hold ends (released or lost): frees the local gate.
         self.on_detach: Callable[[Hold], None] | None = None
-        # Starts the release in Redis (default: Client._release_hold); the
+        # Starts the release in Redis (default: Engine.release_hold); the
         # future resolves with the script's code (1, 2: released; 0: gone).
         self.on_release: Callable[[Hold], asyncio.Future[int]] | None = None
 
@@ -125,11 +151,11 @@ class Hold:
         own connection, so its renewal can run in Redis after a release sent
         on the command connection and its reply can be read before the
         release's. The verdict is the release's reply (0: the hold was gone
-        before it ran, and ``_release_finished`` marks it lost; a release
+        before it ran, and ``Engine.release_finished`` marks it lost; a release
         that fails for good marks it lost too). Meanwhile nothing is renewed.
         """
         if self.releasing is not None:
-            self.engine.watchdog.remove(self)
+            self.engine.untrack(self)
             return
         self.mark_lost(reason)
 
@@ -151,7 +177,7 @@ class Hold:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        self.engine.watchdog.remove(self)
+        self.engine.untrack(self)
         on_detach, self.on_detach = self.on_detach, None
         if on_detach is not None:
             on_detach(self)

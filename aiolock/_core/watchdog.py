@@ -21,12 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from .engine import Engine
-
-__all__ = ["BATCH", "Renewable", "Watchdog", "plan_batches"]
+__all__ = ["BATCH", "Renewable", "Renewer", "Watchdog", "plan_batches"]
 
 log = logging.getLogger("aiolock")
 
@@ -49,13 +46,24 @@ class Renewable(Protocol):
     def gone(self, reason: str) -> None: ...
 
 
+class Renewer(Protocol):
+    """What the watchdog needs of its engine: one batch renewal call.
+
+    ``Engine`` satisfies it structurally (declared here: no import of the engine).
+    """
+
+    def renew_batch(self, script: str, items: list[Any], lease: float) -> asyncio.Future[Any]:
+        """Renew ``items`` for ``lease`` seconds; the future gets 1 or 0 per item."""
+        ...
+
+
 def plan_batches(items: Sequence[T], size: int = BATCH) -> list[list[T]]:
     """Split items into renewal batches of at most ``size`` keys."""
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
 class Watchdog:
-    def __init__(self, engine: Engine, lease: float) -> None:
+    def __init__(self, engine: Renewer, lease: float) -> None:
         self._engine = engine
         self.lease = lease
         self.interval = lease / 3

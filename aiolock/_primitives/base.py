@@ -7,7 +7,7 @@ release between the first try and the registration is not missed); then
 park until woken or until the bound passes (the holder's TTL, cut to the
 caller's deadline), and try again. One last try is always made at the
 deadline. A try whose reply is lost to a timeout or a cancellation is
-undone by its ``orphan`` handler (see ``_connection``).
+undone by its ``orphan`` handler (``Engine.undo``: see ``Undo``).
 
 ``LockLike`` turns ``_acquire``/``_release_mine`` into ``async with``,
 ``lock(timeout=..., lease=..., on_lost=...)`` and ``@lock``, and cancels the
@@ -198,9 +198,8 @@ async def compete(
                     ) from exc.__cause__ or exc
                 if engine.closed:
                     raise ClientClosedError("the aiolock Client was closed while waiting") from exc
-                if engine.outage_warned != engine.mux.connects:
+                if engine.first_outage_warning():
                     # One warning per outage (per connection lost), not per task.
-                    engine.outage_warned = engine.mux.connects
                     log.warning(
                         "aiolock: %s: Redis unreachable (%s); retrying %s",
                         what,
@@ -514,7 +513,7 @@ class SingleHolder(Primitive, Acquirable[Lease]):
     async def is_locked(self) -> bool:
         """True if anyone (any client) holds the lock right now (one round trip)."""
         self._engine.enter()
-        return bool(await self._engine.mux.call(b"EXISTS", self._key))
+        return bool(await self._engine.call(self._key, b"EXISTS", self._key))
 
     async def is_owned(self) -> bool:
         """True if the current task holds the lock, confirmed by Redis."""
@@ -538,7 +537,7 @@ class SingleHolder(Primitive, Acquirable[Lease]):
     async def remaining_ttl(self) -> float | None:
         """Seconds until the current hold expires (whoever holds it); None if unlocked."""
         self._engine.enter()
-        ttl = int(await self._engine.mux.call(b"PTTL", self._key))
+        ttl = int(await self._engine.call(self._key, b"PTTL", self._key))
         if ttl == -2:
             return None
         if ttl == -1:

@@ -34,13 +34,8 @@ ms>:<grace ms>:<mode>`` (see ``scripts/_fair_queue.lua`` for the layout).
 from __future__ import annotations
 
 import asyncio
-import functools
-import itertools
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-
-from .._core.connection import DID_NOT_RUN
 from .._core.errors import ClientClosedError
 from .._core.futures import expire, retrieve
 from .._core.lease import Hold, Lease
@@ -55,8 +50,6 @@ if TYPE_CHECKING:
 __all__ = ["FairLock"]
 
 _MODES = {"pubsub": "p", "list": "l", "poll": "x"}
-#: Serial of acquire calls (part of the waiter id: one queue entry per call).
-_calls = itertools.count(1)
 
 
 class _Ticket:
@@ -187,7 +180,7 @@ class _Liveness:
     def gone(self, reason: str) -> None:
         # The record lapsed (renewals failed for a whole lease): entries may have
         # been dropped. Every waiter tries again, and queues up again if it must.
-        self.state.engine.watchdog.remove(self)
+        self.state.engine.untrack(self)
         for ticket in list(self.state.tickets.values()):
             ticket.wake()
 
@@ -236,7 +229,7 @@ class _FairState:
         """The Client is closing: fail the waiting calls and take their entries out now."""
         self.closed = True
         engine = self.engine
-        engine.watchdog.remove(self.live)
+        engine.untrack(self.live)
         for ticket in list(self.tickets.values()):
             ticket.fail(ClientClosedError("the aiolock Client was closed while waiting"))
             args = (ticket.wid, engine.retention_ms, *self.tail)
@@ -260,21 +253,13 @@ class _FairState:
             ticket.nudge(int(ms) / 1000.0)
 
     def subscribe(self) -> Channel | None:
-        engine = self.engine
-        if engine.notify == "pubsub":
-            channel = engine.listener.register(self.channel_name)
-        elif engine.notify == "list":
-            channel = engine.signals.register(self.signal_key)
-        else:
-            return None
-        channel.handler = self.dispatch
+        channel = self.engine.subscribe(self.channel_name, self.signal_key)
+        if channel is not None:
+            channel.handler = self.dispatch
         return channel
 
     def unsubscribe(self, channel: Channel) -> None:
-        if self.engine.notify == "pubsub":
-            self.engine.listener.unregister(channel)
-        else:
-            self.engine.signals.unregister(channel)
+        self.engine.unsubscribe(channel)
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -285,7 +270,7 @@ class _FairState:
     def remove(self, ticket: _Ticket) -> None:
         self.tickets.pop(ticket.wid, None)
         if not self.tickets:
-            self.engine.watchdog.remove(self.live)
+            self.engine.untrack(self.live)
             self.live.expires_at = 0.0
         self._maybe_idle()
 
@@ -295,8 +280,8 @@ class _FairState:
             return
         live = self.live
         live.expires_at = max(live.expires_at, sent + self.engine.lease)
-        if live not in self.engine.watchdog:
-            self.engine.watchdog.add(live)
+        if not self.engine.renewing(live):
+            self.engine.renew(live)
 
     def hold_ended(self, hold: Hold) -> None:
         try:
@@ -306,8 +291,8 @@ class _FairState:
         self._maybe_idle()
 
     def _maybe_idle(self) -> None:
-        if not self.held and not self.tickets and self.engine.states.get(self.key) is self:
-            del self.engine.states[self.key]
+        if not self.held and not self.tickets:
+            self.engine.drop_state(self.key, self)
 
 
 class FairLock(SingleHolder):
@@ -371,11 +356,7 @@ class FairLock(SingleHolder):
         return self._entry_map
 
     def _state(self) -> _FairState:
-        states = self._engine.states
-        state: _FairState | None = states.get(self._state_key)
-        if state is None:
-            state = states[self._state_key] = _FairState(self)
-        return state
+        return self._engine.state(self._state_key, _FairState, self)
 
     # -- acquire -----------------------------------------------------------------------
 
@@ -399,12 +380,14 @@ class FairLock(SingleHolder):
         lease_s = engine.lease if lease is None else lease
         lease_ms = to_ms(lease_s)
         wid = (
-            f"{engine.id}:{task_serial(task)}:{next(_calls)}:{lease_ms}:{engine.lease_ms}:"
+            f"{engine.id}:{task_serial(task)}:{engine.attempt_id()}:{lease_ms}:{engine.lease_ms}:"
             f"{_MODES[engine.notify]}"
         )
         ticket = state.add(wid)
         keys = self._keys
-        leave = functools.partial(_leave, engine, keys, (wid, engine.retention_ms, *self._tail))
+        # Whatever became of a try (queued, granted, unknown): leave the queue,
+        # passing on a lock handed to this call.
+        leave = engine.undo((("fair_leave", keys, (wid, engine.retention_ms, *self._tail)),))
         queued = False
 
         async def attempt() -> tuple[int | None, float | None]:
@@ -436,14 +419,14 @@ class FairLock(SingleHolder):
                 deadline=deadline,
                 attempt=attempt,
                 waiter=ticket.register,
-                abandon=lambda: leave(None, RedisConnectionError("acquire abandoned")),
+                abandon=leave.abandon,
             )
             if engine.closed:  # granted, but close() already sent our leave
                 raise ClientClosedError("the aiolock Client was closed while waiting")
         except BaseException:
             state.remove(ticket)
             if queued and not engine.closed:
-                leave(None, None)  # at once, in the background (a cancelled task can't wait)
+                leave.now()  # at once, in the background (a cancelled task can't wait)
             raise
         hold = self._install(state, task, wid, token, lease, lease_s, sent)
         state.remove(ticket)
@@ -460,25 +443,23 @@ class FairLock(SingleHolder):
         sent: float,
     ) -> Hold:
         engine = self._engine
-        hold = Hold(
-            engine,
+        hold = engine.new_hold(
             self.name,
             wid,
             token,
             task,
+            lease,
             lease_s,
-            watchdog=lease is None,
-            expires_at=sent + lease_s,
+            sent,
             release=(
                 "fair_release",
                 self._keys,
                 (wid, token, engine.retention_ms, *self._tail),
             ),
             renew=("fair_renew", self._key, (wid, token)),
+            on_detach=state.hold_ended,
         )
-        hold.on_detach = state.hold_ended
         state.held.append(hold)
-        engine.track(hold)
         return hold
 
     # -- release -------------------------------------------------------------------------
@@ -493,7 +474,7 @@ class FairLock(SingleHolder):
         return None
 
     def _my_hold(self) -> Hold | None:
-        state: _FairState | None = self._engine.states.get(self._state_key)
+        state: _FairState | None = self._engine.peek_state(self._state_key)
         return self._hold_of(state, asyncio.current_task())
 
     # -- queries ----------------------------------------------------------------------------
@@ -505,7 +486,7 @@ class FairLock(SingleHolder):
         lease after its last renewal, when they reach the head).
         """
         self._engine.enter()
-        return int(await self._engine.mux.call(b"ZCOUNT", self._queue_key, 1, "+inf"))
+        return int(await self._engine.call(self._queue_key, b"ZCOUNT", self._queue_key, 1, "+inf"))
 
     async def force_release(self) -> bool:
         """Delete the lock whoever holds it (True if it was held); the next waiter gets it.
@@ -520,14 +501,14 @@ class FairLock(SingleHolder):
                 "fair_force_release", self._keys, (engine.retention_ms, *self._tail)
             )
         )
-        state: _FairState | None = engine.states.get(self._state_key)
+        state: _FairState | None = engine.peek_state(self._state_key)
         if state is not None:
             for hold in list(state.held):
                 hold.mark_lost("force-released")
         return deleted == 1
 
     def __repr__(self) -> str:
-        state: _FairState | None = self._engine.states.get(self._state_key)
+        state: _FairState | None = self._engine.peek_state(self._state_key)
         if state is None:
             return f"<FairLock {self.name!r} not held here>"
         loop = self._engine.loop
@@ -535,15 +516,3 @@ class FairLock(SingleHolder):
         held = "; ".join(h.describe(loop_time) for h in state.held) or "not held here"
         return f"<FairLock {held}, {state.waiting()} waiting here>"
 
-
-def _leave(
-    engine: Engine,
-    keys: tuple[str, ...],
-    args: tuple[Any, ...],
-    reply: Any,
-    error: BaseException | None,
-) -> None:
-    """An acquire call gave up (or its reply was lost): leave the queue, pass a handed lock on."""
-    if isinstance(error, DID_NOT_RUN):
-        return  # the script failed: it changed nothing
-    engine.spawn(engine.retry("fair_leave", keys, args))

@@ -118,7 +118,7 @@ class Latch(Primitive):
         """The current count; 0 when the latch is open (or was never set)."""
         engine = self._engine
         engine.enter()
-        value = await engine.mux.call(b"HGET", self._key, b"c")
+        value = await engine.call(self._key, b"HGET", self._key, b"c")
         return int(value) if value is not None else 0
 
     async def wait(self, timeout: float | None = None) -> bool:

@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-
-from .._core.connection import DID_NOT_RUN
 from .._core.errors import ClientClosedError, LockTimeoutError
 from .._core.futures import Outcome, expire
 from .._core.lease import Hold, Lease
-from .._core.notify import PubSubWaiter
-from .._core.scripts import refused
 from .._core.validate import to_ms
 from .base import SingleHolder, _Entry, compete, ttl_hint
 
 if TYPE_CHECKING:
-    from .._core.engine import Engine
+    from .._core.engine import Call, Engine
     from .._core.notify import Waiter
 
 __all__ = ["AsyncLock", "LocalQueue"]
@@ -202,7 +196,7 @@ class LocalQueue:
         self.busy = False
         self.handoffs = 0
         if self.hold is None and not self.competing:
-            self.engine.states.pop(self.key, None)
+            self.engine.drop_state(self.key, self)
 
     def hold_ended(self, hold: Hold) -> None:
         if self.hold is hold:
@@ -281,10 +275,10 @@ class LocalQueue:
             None,
             hold.lease,
             hold.expires_at - hold.lease,
+            hold.confirmed,  # the same hold in Redis
             redis_identity=hold,
         )
         new.reserve = hold.reserve - 1
-        new.confirmed = hold.confirmed  # the same hold in Redis
         _take(self.queue, turn)
         turn.fut.set_result(new)
         done = Outcome(loop=loop)
@@ -307,9 +301,10 @@ class LocalQueue:
         hold.detach()
         self.hold = None
         self.handoffs += 1
-        new = self.lock._install(self, turn.task, owner, token, turn.lease, lease_s, sent)
+        new = self.lock._install(
+            self, turn.task, owner, token, turn.lease, lease_s, sent, confirmed
+        )
         new.reserve = TOKEN_RESERVE - 1
-        new.confirmed = confirmed
         if not outcome.done():
             outcome.set_result(1)
         if turn.fut.done():
@@ -338,11 +333,7 @@ class LocalQueue:
                 (next_owner, "", lock._channel, engine.retention_ms, ""),
             )
         except BaseException as exc:
-            hold.releasing = None
-            if not refused(exc):  # refused: nothing changed, the hold is still ours
-                hold.mark_lost(f"release failed: {exc!r}")
-            if not outcome.done():
-                outcome.set_exception(exc)
+            engine.release_failed(hold, outcome, exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
@@ -409,7 +400,7 @@ class LocalQueue:
 
         def done(reply: asyncio.Future[Any]) -> None:
             if (reply.cancelled() or reply.exception() is not None) and not engine.closed:
-                engine.spawn(engine.retry("unwait", *self._unwait_call(member)))
+                engine.clean_up("unwait", *self._unwait_call(member))
 
         reply.add_done_callback(done)
 
@@ -513,9 +504,9 @@ class AsyncLock(SingleHolder):
         engine = self._engine
         task = engine.enter_task()
         loop = task.get_loop()
-        state: LocalQueue | None = engine.states.get(self._key)
+        state: LocalQueue | None = engine.peek_state(self._key)
         if state is None:
-            state = engine.states[self._key] = LocalQueue(engine, self._key, self)
+            state = engine.state(self._key, new_queue, self)
         else:
             hold = state.hold
             if hold is not None and hold.task is task:
@@ -580,8 +571,9 @@ class AsyncLock(SingleHolder):
         # to it by a release (for one Client lease, renewed as any other); a
         # fixed lease is only woken (see scripts/_wake.lua).
         member = f"{owner}|{attempt_id}|{engine.lease_ms if lease is None else 0}"
-        undo = functools.partial(
-            _undo_acquire, engine, self._keys, owner, attempt_id, self._channel
+        undo = engine.undo(
+            (("release", self._keys, (owner, "", self._channel, engine.retention_ms, attempt_id)),),
+            undo_granted,
         )
         script = self._acquire_script
         granted: tuple[int, int, float, int] | None = None
@@ -614,7 +606,7 @@ class AsyncLock(SingleHolder):
             deadline=deadline,
             attempt=attempt,
             waiter=self._targeted_waiter if targeted else self._waiter,
-            abandon=lambda: undo(None, RedisConnectionError("acquire abandoned")),
+            abandon=undo.abandon,
             parked=state.set_competing,
             warm=self._warm_waiter if targeted else None,
         )
@@ -623,33 +615,32 @@ class AsyncLock(SingleHolder):
             # The lease runs from the grant's arrival (the release ran a
             # one-way trip earlier; the watchdog renews long before it matters).
             _, reserve, sent, confirmed = granted
-        hold = self._install(state, task, owner, token, lease, lease_s, sent)
+        hold = self._install(state, task, owner, token, lease, lease_s, sent, confirmed)
         hold.reserve = reserve - 1
-        hold.confirmed = confirmed
         return hold
 
     def _targeted_waiter(self) -> Waiter:
-        waiter = PubSubWaiter(self._engine.listener, self._wait_channel)
+        waiter = self._engine.pubsub_waiter(self._wait_channel)
         self._sink_grants()
         return waiter
 
     def _warm_waiter(self) -> Waiter | None:
         """This Client's channel of the lock, if it is still subscribed (lingering)."""
-        listener = self._engine.listener
-        channel = listener.channels.get(self._wait_channel)
+        engine = self._engine
+        channel = engine.subscribed(self._wait_channel)
         if channel is None or not channel.is_confirmed or channel.closed:
             return None
-        waiter = PubSubWaiter(listener, self._wait_channel)
+        waiter = engine.pubsub_waiter(self._wait_channel)
         self._sink_grants()
         return waiter
 
     def _sink_grants(self) -> None:
-        channel = self._engine.listener.channels.get(self._wait_channel)
+        channel = self._engine.subscribed(self._wait_channel)
         if channel is not None and channel.grant_sink is None:
             channel.grant_sink = self._on_grant
 
     def _on_grant(self, message: bytes) -> None:
-        state = self._engine.states.get(self._key)
+        state = self._engine.peek_state(self._key)
         if isinstance(state, LocalQueue):
             state.on_grant(message)
 
@@ -662,10 +653,11 @@ class AsyncLock(SingleHolder):
         lease: float | None,
         lease_s: float,
         sent: float,
+        confirmed: int,
         *,
         redis_identity: Hold | None = None,
     ) -> Hold:
-        """Record a new hold of ``task`` and start keeping it alive.
+        """Make a new hold of ``task`` (``Engine.new_hold``) and record it as the local one.
 
         ``redis_identity``: a hold passed on locally keeps the Redis entry
         (owner and token) of the hold it came from, for release and renewal.
@@ -685,28 +677,26 @@ class AsyncLock(SingleHolder):
         else:
             release = ("release", self._keys, (owner, token, self._channel, engine.retention_ms))
             renew = ("renew", self._key, (owner, token))
-        hold = Hold(
-            engine,
+        hold = state.hold = engine.new_hold(
             self.name,
             owner,
             token,
             task,
+            lease,
             lease_s,
-            watchdog=lease is None,
-            expires_at=sent + lease_s,
+            sent,
             release=release,
             renew=renew,
+            on_detach=state.hold_ended,
+            on_release=state.release,
+            confirmed=confirmed,
         )
-        hold.on_detach = state.hold_ended
-        hold.on_release = state.release
-        state.hold = hold
-        engine.track(hold)
         return hold
 
     # -- release -------------------------------------------------------------------------
 
     def _my_hold(self) -> Hold | None:
-        state: LocalQueue | None = self._engine.states.get(self._key)
+        state: LocalQueue | None = self._engine.peek_state(self._key)
         if state is None or state.hold is None:
             return None
         task = asyncio.current_task()
@@ -729,14 +719,14 @@ class AsyncLock(SingleHolder):
                 (self._channel, engine.retention_ms),
             )
         )
-        state: LocalQueue | None = engine.states.get(self._key)
+        state: LocalQueue | None = engine.peek_state(self._key)
         if state is not None and state.hold is not None:
             state.hold.mark_lost("force-released")
         return deleted == 1
 
     def __repr__(self) -> str:
         kind = type(self).__name__
-        state: LocalQueue | None = self._engine.states.get(self._key)
+        state: LocalQueue | None = self._engine.peek_state(self._key)
         if state is None:
             return f"<{kind} {self.name!r} not held here>"
         hold = state.hold
@@ -746,26 +736,16 @@ class AsyncLock(SingleHolder):
         return f"<{kind} {held}, {state.waiting()} waiting>"
 
 
-def _undo_acquire(
-    engine: Engine,
-    keys: tuple[str, ...],
-    owner: str,
-    attempt_id: int,
-    channel: bytes,
-    reply: Any,
-    error: BaseException | None,
-) -> None:
-    """The caller of an acquire gave up before reading its reply: undo whatever it did.
+def new_queue(lock: AsyncLock) -> LocalQueue:
+    """The local state of ``lock``'s name (``Engine.state``'s factory)."""
+    return LocalQueue(lock._engine, lock._key, lock)
 
-    The undo targets the attempt, never the owner alone: it may run late (a
-    retry after an outage), when the same task already holds the lock again
-    from a later acquire, which it must not delete.
-    """
-    if error is None:
-        if reply and int(reply[0]) == 1:
-            args: tuple[Any, ...] = (owner, int(reply[1]), channel, engine.retention_ms)
-            engine.spawn(engine.retry("release", keys, args))
-    elif not isinstance(error, DID_NOT_RUN):
-        # Unknown whether it ran: remove the hold this attempt may have taken.
-        args = (owner, "", channel, engine.retention_ms, attempt_id)
-        engine.spawn(engine.retry("release", keys, args))
+
+def undo_granted(reply: Any, calls: tuple[Call, ...]) -> tuple[Call, ...]:
+    """The undo of an acquire whose reply came after its caller gave up: release
+    the hold it took, by its token (see ``Engine.undo``; ``calls``: the release
+    by attempt id, for when it is unknown whether the script ran)."""
+    if reply and int(reply[0]) == 1:
+        name, keys, (owner, _, channel, retention, _) = calls[0]
+        return ((name, keys, (owner, int(reply[1]), channel, retention)),)
+    return ()

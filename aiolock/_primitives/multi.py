@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._core.connection import DID_NOT_RUN
 from .._core.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -16,11 +15,11 @@ from .._core.errors import (
 from .._core.lease import Hold, Lease, LostCallback
 from .._core.validate import check_seconds, to_ms
 from .base import Acquirable, _Entry, compete, current_task, ttl_hint
-from .lock import AsyncLock, LocalQueue
+from .lock import AsyncLock, LocalQueue, new_queue
 from .spin import SpinLock
 
 if TYPE_CHECKING:
-    from .._core.engine import Engine
+    from .._core.engine import Call, Engine
 
 __all__ = ["MultiLease", "MultiLock"]
 
@@ -272,9 +271,9 @@ class MultiLock(Acquirable[MultiLease]):
         try:
             fresh: list[AsyncLock] = []
             for lock in group:
-                state: LocalQueue | None = engine.states.get(lock._key)
+                state: LocalQueue | None = engine.peek_state(lock._key)
                 if state is None:
-                    state = engine.states[lock._key] = LocalQueue(engine, lock._key, lock)
+                    state = engine.state(lock._key, new_queue, lock)
                 elif (
                     state.hold is not None
                     and state.hold.task is task
@@ -316,15 +315,18 @@ async def _compete_group(
     attempt_id = engine.attempt_id()
     args = (owner, to_ms(lease_s), engine.retention_ms, attempt_id)
     blocker = [locks[0]]
-
-    def undo(reply: Any, error: BaseException | None) -> None:
-        if error is None:
-            if reply and int(reply[0]) == 1:
-                for lock, token in zip(locks, reply[1:], strict=True):
-                    _spawn_release(engine, lock, owner, int(token))
-        elif not isinstance(error, DID_NOT_RUN):
-            for lock in locks:
-                _spawn_release(engine, lock, owner, "", attempt_id)
+    # Unknown whether it ran: release the hold this attempt may have taken of each lock.
+    undo = engine.undo(
+        tuple(
+            (
+                "release",
+                lock._release_keys(),
+                (owner, "", lock._channel, engine.retention_ms, attempt_id),
+            )
+            for lock in locks
+        ),
+        _undo_granted,
+    )
 
     async def attempt() -> tuple[list[int] | None, float | None]:
         reply = await engine.eval("multi_acquire", keys, args, undo)
@@ -340,22 +342,26 @@ async def _compete_group(
         deadline=deadline,
         attempt=attempt,
         waiter=lambda: blocker[0]._waiter(),
-        abandon=lambda: undo(None, ConnectionError("acquire abandoned")),
+        abandon=undo.abandon,
         parked=states[0].set_competing,
     )
     return [
-        lock._install(state, task, owner, token, lease, lease_s, sent)
+        lock._install(state, task, owner, token, lease, lease_s, sent, -1)
         for lock, state, token in zip(locks, states, tokens, strict=True)
     ]
 
 
-def _spawn_release(
-    engine: Engine, lock: AsyncLock, owner: str, token: int | str, attempt_id: int | str = ""
-) -> None:
-    """Release ``owner``'s hold of ``lock`` with ``token``, or (token "") the
-    hold taken by the acquire attempt ``attempt_id``, in the background."""
-    args = (owner, token, lock._channel, engine.retention_ms, attempt_id)
-    engine.spawn(engine.retry("release", lock._release_keys(), args))
+def _undo_granted(reply: Any, calls: tuple[Call, ...]) -> tuple[Call, ...]:
+    """The undo of a multi_acquire whose reply came after its caller gave up:
+    release every lock it took, by its token (see ``Engine.undo``)."""
+    if reply and int(reply[0]) == 1:
+        return tuple(
+            (name, keys, (owner, int(token), channel, retention, ""))
+            for (name, keys, (owner, _, channel, retention, _)), token in zip(
+                calls, reply[1:], strict=True
+            )
+        )
+    return ()
 
 
 def _remaining(deadline: float | None, loop: asyncio.AbstractEventLoop) -> float | None:

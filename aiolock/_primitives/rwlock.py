@@ -33,14 +33,9 @@ once: waiting would deadlock, as Redisson does in its issue #4796).
 from __future__ import annotations
 
 import asyncio
-import functools
-import itertools
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-
-from .._core.connection import DID_NOT_RUN
 from .._core.errors import ClientClosedError, LockNotOwnedError, LockTimeoutError, LockUpgradeError
 from .._core.futures import expire
 from .._core.lease import Hold, Lease
@@ -49,13 +44,9 @@ from .._core.validate import to_ms
 from .base import Acquirable, Primitive, _Entry, compete, current_task
 
 if TYPE_CHECKING:
-    from .._core.engine import Engine
+    from .._core.engine import Call, Engine
 
 __all__ = ["ReadLock", "ReadWriteLock", "WriteLock"]
-
-#: Nonces of acquire calls: a retry of one call (after a lost reply) is told
-#: from a new call of the same task, and an undo touches only its own call's hold.
-_nonces = itertools.count(1)
 
 
 class _RWState:
@@ -173,9 +164,8 @@ class _RWState:
             and not self.competing
             and self.pending_reads == 0
             and self.parked_reads == 0
-            and self.engine.states.get(self.key) is self
         ):
-            del self.engine.states[self.key]
+            self.engine.drop_state(self.key, self)
 
 
 async def _released(hold: Hold) -> None:
@@ -216,7 +206,7 @@ class _WaitEntry:
         self.expires_at = max(self.expires_at, sent + self.engine.lease)
         if not self.watched:
             self.watched = True
-            self.engine.watchdog.add(self)
+            self.engine.renew(self)
 
     def renewed(self, sent: float, lease: float) -> None:
         self.expires_at = max(self.expires_at, sent + lease)
@@ -228,7 +218,7 @@ class _WaitEntry:
     def stop(self) -> None:
         if self.watched:
             self.watched = False
-            self.engine.watchdog.remove(self)
+            self.engine.untrack(self)
 
 
 class ReadWriteLock(Primitive):
@@ -308,14 +298,11 @@ class ReadWriteLock(Primitive):
     # -- local state ------------------------------------------------------------------------
 
     def _local(self) -> _RWState | None:
-        state: _RWState | None = self._engine.states.get(self._state_key)
+        state: _RWState | None = self._engine.peek_state(self._state_key)
         return state
 
     def _local_or_new(self) -> _RWState:
-        state = self._local()
-        if state is None:
-            state = self._engine.states[self._state_key] = _RWState(self._engine, self._state_key)
-        return state
+        return self._engine.state(self._state_key, _new_state, self)
 
     def _writer_waiter(self) -> Waiter:
         return self._engine.waiter(self._wchannel, self._wsignal)
@@ -331,20 +318,21 @@ class ReadWriteLock(Primitive):
     def _unwait_keys(self) -> tuple[str, ...]:
         return (self._wq_key, self._key, self._rq_key, self._signal, self._wsignal)
 
-    def _release_read_later(self, owner: str, token: int | str, nonce: str) -> None:
-        engine = self._engine
-        args = (owner, token, self._wchannel, nonce)
-        engine.spawn(engine.retry("rw_release_read", self._read_release_keys(), args))
-
-    def _release_write_later(self, owner: str, token: int | str, nonce: str) -> None:
-        engine = self._engine
-        args = (owner, token, self._channel, self._wchannel, nonce)
-        engine.spawn(engine.retry("rw_release_write", self._write_release_keys(), args))
-
-    def _unwait_later(self, owner: str, nonce: str) -> None:
-        engine = self._engine
+    def _unwait_call(self, owner: str, nonce: str) -> Call:
         args = (f"{owner}#{nonce}", self._channel, self._wchannel)
-        engine.spawn(engine.retry("rw_unwait", self._unwait_keys(), args))
+        return ("rw_unwait", self._unwait_keys(), args)
+
+    def _write_replied(self, reply: Any, calls: tuple[Call, ...]) -> tuple[Call, ...]:
+        """The undo of a write acquire whose reply came after its caller gave up
+        (see ``Engine.undo``): release the hold it took, or leave the writers'
+        queue it joined."""
+        code = int(reply[0]) if reply else 0
+        name, keys, (owner, _, channel, wchannel, nonce) = calls[0]
+        if code == 1:
+            return ((name, keys, (owner, int(reply[1]), channel, wchannel, nonce)),)
+        if code == 2:
+            return (self._unwait_call(owner, nonce),)
+        return ()
 
     # -- acquire ---------------------------------------------------------------------------
 
@@ -380,9 +368,13 @@ class ReadWriteLock(Primitive):
         owner = engine.owner(task)
         lease_s = engine.lease if lease is None else lease
         keys = (self._key, self._fence_key, self._wq_key, self._rq_key)
-        nonce = str(next(_nonces))
+        nonce = str(engine.attempt_id())
         args = (owner, to_ms(lease_s), engine.retention_ms, engine.id, nonce)
-        undo = functools.partial(_undo_read, self, owner, nonce)
+        # Unknown whether it ran: release this call's read hold, if any.
+        undo = engine.undo(
+            (("rw_release_read", self._read_release_keys(), (owner, "", self._wchannel, nonce)),),
+            _read_replied,
+        )
 
         async def attempt() -> tuple[int | None, float | None]:
             reply = await engine.eval("rw_acquire_read", keys, args, undo)
@@ -396,28 +388,25 @@ class ReadWriteLock(Primitive):
             deadline=deadline,
             attempt=attempt,
             waiter=self._waiter,
-            abandon=lambda: undo(None, RedisConnectionError("acquire abandoned")),
+            abandon=undo.abandon,
             parked=state.set_reader_parked,
         )
-        hold = Hold(
-            engine,
+        hold = state.reads[task] = engine.new_hold(
             self.name,
             owner,
             token,
             task,
+            lease,
             lease_s,
-            watchdog=lease is None,
-            expires_at=sent + lease_s,
+            sent,
             release=(
                 "rw_release_read",
                 self._read_release_keys(),
                 (owner, token, self._wchannel, nonce),
             ),
             renew=("rw_renew", self._key, ("r", owner, token)),
+            on_detach=state.hold_ended,
         )
-        hold.on_detach = state.hold_ended
-        state.reads[task] = hold
-        engine.track(hold)
         return hold
 
     async def _acquire_write(self, timeout: float | None, lease: float | None) -> Lease:
@@ -466,8 +455,18 @@ class ReadWriteLock(Primitive):
         lease_s = engine.lease if lease is None else lease
         keys = (self._key, self._fence_key, self._wq_key)
         lease_ms = to_ms(lease_s)
-        nonce = str(next(_nonces))
-        undo = functools.partial(_undo_write, self, owner, nonce)
+        nonce = str(engine.attempt_id())
+        # Unknown whether it ran: drop this call's write hold and waiting entry, if any.
+        undo = engine.undo(
+            (
+                (
+                    "rw_release_write",
+                    self._write_release_keys(),
+                    (owner, "", self._channel, self._wchannel, nonce),
+                ),
+            ),
+            self._write_replied,
+        )
         entry = _WaitEntry(engine, self._wq_key, f"{owner}#{nonce}")
 
         async def attempt() -> tuple[int | None, float | None]:
@@ -490,34 +489,31 @@ class ReadWriteLock(Primitive):
                 deadline=deadline,
                 attempt=attempt,
                 waiter=self._writer_waiter,
-                abandon=lambda: undo(None, RedisConnectionError("acquire abandoned")),
+                abandon=undo.abandon,
                 parked=state.set_competing,
             )
         except BaseException:
             if entry.registered:
-                self._unwait_later(owner, nonce)
+                engine.clean_up(*self._unwait_call(owner, nonce))
             raise
         finally:
             entry.stop()
-        hold = Hold(
-            engine,
+        hold = state.hold = engine.new_hold(
             self.name,
             owner,
             token,
             task,
+            lease,
             lease_s,
-            watchdog=lease is None,
-            expires_at=sent + lease_s,
+            sent,
             release=(
                 "rw_release_write",
                 self._write_release_keys(),
                 (owner, token, self._channel, self._wchannel, nonce),
             ),
             renew=("rw_renew", self._key, ("w", owner, token)),
+            on_detach=state.hold_ended,
         )
-        hold.on_detach = state.hold_ended
-        state.hold = hold
-        engine.track(hold)
         return hold
 
     # -- queries shared by the views ------------------------------------------------------
@@ -738,27 +734,15 @@ class WriteLock(_Side):
         return writer_ms / 1000.0
 
 
-def _undo_read(
-    core: ReadWriteLock, owner: str, nonce: str, reply: Any, error: BaseException | None
-) -> None:
-    """A read acquire's caller gave up before reading the reply: undo what it did."""
-    if error is None:
-        if reply and int(reply[0]) == 1:
-            core._release_read_later(owner, int(reply[1]), nonce)
-    elif not isinstance(error, DID_NOT_RUN):
-        core._release_read_later(owner, "", nonce)  # unknown whether it ran
+def _new_state(core: ReadWriteLock) -> _RWState:
+    """The local state of ``core``'s name (``Engine.state``'s factory)."""
+    return _RWState(core._engine, core._state_key)
 
 
-def _undo_write(
-    core: ReadWriteLock, owner: str, nonce: str, reply: Any, error: BaseException | None
-) -> None:
-    """A write acquire's caller gave up before reading the reply: undo what it did."""
-    if error is None:
-        code = int(reply[0]) if reply else 0
-        if code == 1:
-            core._release_write_later(owner, int(reply[1]), nonce)
-        elif code == 2:
-            core._unwait_later(owner, nonce)
-    elif not isinstance(error, DID_NOT_RUN):
-        # Unknown whether it ran: drop this call's write hold and waiting entry, if any.
-        core._release_write_later(owner, "", nonce)
+def _read_replied(reply: Any, calls: tuple[Call, ...]) -> tuple[Call, ...]:
+    """The undo of a read acquire whose reply came after its caller gave up
+    (see ``Engine.undo``): release the hold it took, by its token."""
+    if reply and int(reply[0]) == 1:
+        name, keys, (owner, _, wchannel, nonce) = calls[0]
+        return ((name, keys, (owner, int(reply[1]), wchannel, nonce)),)
+    return ()

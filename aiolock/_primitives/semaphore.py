@@ -12,12 +12,10 @@ The layout and the claim rule are described in ``scripts/_sem.lua``.
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
-from .._core.connection import DID_NOT_RUN
 from .._core.errors import InvalidArgumentError, InvalidArgumentTypeError, LockNotOwnedError
 from .._core.lease import Hold, Lease
 from .._core.validate import check_lease, check_timeout, to_ms
@@ -33,7 +31,7 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from .._core.engine import Engine
+    from .._core.engine import Call, Engine
 
 __all__ = ["MAX_PERMITS", "Permit", "Semaphore"]
 
@@ -43,9 +41,8 @@ R = TypeVar("R")
 #: The largest N (and the most permits one acquisition may ask for).
 MAX_PERMITS = 2**31 - 1
 
-# Acquisition serials: with the Client id and the task serial they make every
-# holder id unique, so a retried or undone script never touches another hold.
-_acquisitions = itertools.count(1)
+# Holder ids: the Client id and task serial (the owner) and the call's attempt
+# id make every one unique, so a retried or undone script never touches another hold.
 
 
 def check_permits(value: object, what: str = "permits") -> int:
@@ -110,8 +107,8 @@ class _SemState:
         self.drop_if_idle()
 
     def drop_if_idle(self) -> None:
-        if not self.held and not self.active and self.engine.states.get(self.key) is self:
-            del self.engine.states[self.key]
+        if not self.held and not self.active:
+            self.engine.drop_state(self.key, self)
 
     def close(self) -> None:
         return None  # parked tasks are failed by their channel or by compete()
@@ -271,9 +268,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         engine = self._engine
         loop = engine.enter()
         task = current_task()
-        state: _SemState | None = engine.states.get(self._state_key)
-        if state is None:
-            state = engine.states[self._state_key] = _SemState(engine, self._state_key)
+        state = engine.state(self._state_key, _new_state, self)
         deadline = None if timeout is None else loop.time() + timeout
         state.active += 1
         try:
@@ -297,7 +292,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         # A try that will not wait takes no claim (it would only hold others back).
         timeout_allows_wait = deadline is None or deadline > asyncio.get_running_loop().time()
         owner = engine.owner(task)
-        member = f"{permits}|{owner}:{next(_acquisitions)}"
+        member = f"{permits}|{owner}:{engine.attempt_id()}"
         lease_s = engine.lease if lease is None else lease
         keys = (self._key, self._holders_key, self._fence_key, self._signal)
         claim_ms = engine.lease_ms if timeout_allows_wait else 0
@@ -306,19 +301,11 @@ class Semaphore(Primitive, LockLike[Permit]):
         release_keys = self._release_keys()
         release_args = (member, self._permits, engine.retention_ms, self._channel)
         claimed = False
-
-        def cleanup() -> None:
-            # Return whatever this member may hold, and drop its claim.
-            if not engine.closed:
-                engine.spawn(engine.retry("sem_release", release_keys, release_args))
-
-        def undo(reply: Any, error: BaseException | None) -> None:
-            """The reply of an attempt was lost to a timeout or a cancellation."""
-            if error is None:
-                if reply and (int(reply[0]) == 1 or (int(reply[0]) == 0 and int(reply[2]) == 1)):
-                    cleanup()
-            elif not isinstance(error, DID_NOT_RUN):
-                cleanup()  # unknown whether it ran
+        # Return whatever this member may hold, and drop its claim (not once
+        # the Client is closing: its aclose() releases the holds itself).
+        undo = engine.undo(
+            (("sem_release", release_keys, release_args),), _sem_replied, while_open=True
+        )
 
         async def attempt() -> tuple[int | None, float | None]:
             nonlocal claimed, since_ms
@@ -359,30 +346,28 @@ class Semaphore(Primitive, LockLike[Permit]):
                 deadline=deadline,
                 attempt=attempt,
                 waiter=self._waiter,
-                abandon=cleanup,
+                abandon=undo.abandon,
                 parked=state.set_parked,
             )
         except BaseException:
             if claimed:
-                cleanup()
+                undo.now()
             raise
-        hold = Hold(
-            engine,
+        hold = engine.new_hold(
             self.name,
             owner,
             token,
             task,
+            lease,
             lease_s,
-            watchdog=lease is None,
-            expires_at=sent + lease_s,
+            sent,
             release=("sem_release", release_keys, release_args),
             renew=("sem_renew", self._holders_key, (member,)),
+            on_detach=state.hold_ended,
         )
         permit = Permit(hold, permits)
         hold.leases.append(permit)
-        hold.on_detach = state.hold_ended
         state.held[hold] = None
-        engine.track(hold)
         return permit
 
     # -- async with ------------------------------------------------------------------------
@@ -445,7 +430,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         the release is on the wire, the release still completes.
         """
         self._engine.check_usable()
-        state: _SemState | None = self._engine.states.get(self._state_key)
+        state: _SemState | None = self._engine.peek_state(self._state_key)
         task = asyncio.current_task()
         if state is not None:
             for hold in reversed(list(state.held)):
@@ -506,7 +491,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         self._permits = n
 
     def __repr__(self) -> str:
-        state: _SemState | None = self._engine.states.get(self._state_key)
+        state: _SemState | None = self._engine.peek_state(self._state_key)
         if state is None:
             return f"<Semaphore {self.name!r} N={self._permits}, nothing held here>"
         held = sum(p.permits for h in state.held for p in h.leases if isinstance(p, Permit))
@@ -514,3 +499,16 @@ class Semaphore(Primitive, LockLike[Permit]):
             f"<Semaphore {self.name!r} N={self._permits}, {held} permit(s) in "
             f"{len(state.held)} hold(s) here, {state.parked} waiting>"
         )
+
+
+def _new_state(semaphore: Semaphore) -> _SemState:
+    """The local state of ``semaphore``'s name (``Engine.state``'s factory)."""
+    return _SemState(semaphore._engine, semaphore._state_key)
+
+
+def _sem_replied(reply: Any, calls: tuple[Call, ...]) -> tuple[Call, ...]:
+    """The undo of a sem_acquire whose reply came after its caller gave up (see
+    ``Engine.undo``): give back what it took, or drop the claim it made."""
+    if reply and (int(reply[0]) == 1 or (int(reply[0]) == 0 and int(reply[2]) == 1)):
+        return calls
+    return ()
