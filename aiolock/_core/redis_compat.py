@@ -32,6 +32,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
 __all__ = ["ConnectionFactory", "connect", "connection_factory", "disconnect"]
 
@@ -70,10 +71,19 @@ async def connect(conn: AbstractConnection) -> asyncio.WriteTransport:
     The caller sets its own protocol on the transport (the replies to the
     handshake have all been read) and closes it with :func:`disconnect`, also
     when this raised.
-    Raises redis-py's exceptions (``ConnectionError``, ``AuthenticationError``,
-    ``ResponseError``...) as its ``connect()`` does.
+    Raises redis-py's exceptions as its ``connect()`` does over TCP
+    (``ConnectionError``, ``AuthenticationError``, ``ResponseError``...).
     """
-    await conn.connect()  # type: ignore[no-untyped-call]
+    try:
+        await conn.connect()  # type: ignore[no-untyped-call]
+    except RedisConnectionError as exc:
+        # A unix socket connection runs its handshake inside its socket
+        # connect, where redis-py wraps any error in a plain ConnectionError:
+        # a refused AUTH (or SELECT) is a refusal there too, as over TCP.
+        cause = exc.__cause__
+        if type(exc) is RedisConnectionError and isinstance(cause, RedisError):
+            raise cause from None
+        raise
     # redis-py offers no public way to the transport: its stream writer is
     # the private `_writer` (set by every connection class's `_connect`).
     writer = getattr(conn, "_writer", None)
