@@ -12,7 +12,7 @@ way that points nowhere. (TLS goes through the same ``_writer``: the
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -129,25 +129,27 @@ async def check_refusals(url: str, wrong_url: str) -> None:
         )
 
 
-@pytest.mark.parametrize("kind", ["redis", "valkey"])
-async def test_handshake_and_transport_takeover(kind: ServerKind, tmp_path: Path) -> None:
-    """Over TCP and a unix socket (each redis-py class sets `_writer` itself), with
-    a password and a db: the handshake ran, and the transport is aiolock's to read."""
-    binary = binary_for(kind)
-    if binary is None:
+@pytest.fixture(params=["redis", "valkey"])
+def protected(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A server of its own that wants a password, on TCP and on a unix socket:
+    its ``host:port`` and its socket's path."""
+    kind: ServerKind = request.param
+    if (binary := binary_for(kind)) is None:
         pytest.skip(f"no {kind}-server binary")
     sock = tmp_path / "r.sock"
-    server = ServerProcess(kind, binary, extra_args=("--unixsocket", str(sock)))
-    try:
-        server.start()
+    with ServerProcess(kind, binary, extra_args=("--unixsocket", str(sock))) as server:
         server.execute("CONFIG", "SET", "requirepass", PASSWORD)
-        tcp = f"{server.host}:{server.port}/{DB}"
-        await check_handshake_and_takeover(f"redis://:{PASSWORD}@{tcp}", "tcp")
-        await check_handshake_and_takeover(f"unix://:{PASSWORD}@{sock}?db={DB}", "unix socket")
-        await check_refusals(f"redis://{tcp}", f"redis://:wrong@{tcp}")
-        await check_refusals(f"unix://{sock}?db={DB}", f"unix://:wrong@{sock}?db={DB}")
-    finally:
-        server.stop()
+        yield f"{server.host}:{server.port}", sock
+
+
+async def test_handshake_and_transport_takeover(protected: tuple[str, Path]) -> None:
+    """Over TCP and a unix socket (each redis-py class sets `_writer` itself), with
+    a password and a db: the handshake ran, and the transport is aiolock's to read."""
+    address, sock = protected
+    await check_handshake_and_takeover(f"redis://:{PASSWORD}@{address}/{DB}", "tcp")
+    await check_handshake_and_takeover(f"unix://:{PASSWORD}@{sock}?db={DB}", "unix socket")
+    await check_refusals(f"redis://{address}/{DB}", f"redis://:wrong@{address}/{DB}")
+    await check_refusals(f"unix://{sock}?db={DB}", f"unix://:wrong@{sock}?db={DB}")
 
 
 async def test_connect_names_what_is_missing(server: RedisServer) -> None:
