@@ -1,7 +1,8 @@
 """One multiplexed command connection shared by every task of a Client.
 
-Commands are written synchronously, in the order they are submitted, and a
-single reader task resolves one future per reply, in the same order. So:
+Commands are written synchronously, in the order they are submitted, and the
+connection's protocol resolves one future per reply as it parses it, in the
+same order (no reader task). So:
 
 * thousands of tasks share one connection: no pool to exhaust, and commands
   from many tasks are pipelined for free;
