@@ -72,9 +72,9 @@ def replies_held(mux: CommandConnection) -> Iterator[None]:
     Commands are still written; Redis runs them and answers; the Client only
     reads the answers when the block ends.
     """
-    writer = mux._writer
-    assert writer is not None, "connect the command connection first"
-    transport = writer.transport
+    link = mux._link
+    assert link is not None, "connect the command connection first"
+    transport = link.transport
     transport.pause_reading()
     try:
         yield

@@ -322,7 +322,7 @@ async def test_every_primitive_confirms_its_new_holds(server: RedisServer) -> No
         epoch = client._engine.epoch
         # Each established connection lost is a new epoch: wait for them all.
         connected = sum(
-            mux._conn is not None for mux in (client._engine.mux, client._engine.renew_mux)
+            mux._link is not None for mux in (client._engine.mux, client._engine.renew_mux)
         )
         assert server.kill_normal_clients() >= connected >= 1  # a reset
         await eventually(

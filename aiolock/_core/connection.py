@@ -1,7 +1,8 @@
 """One multiplexed command connection shared by every task of a Client.
 
-Commands are written synchronously, in the order they are submitted, and a
-single reader task resolves one future per reply, in the same order. So:
+Commands are written synchronously, in the order they are submitted, and the
+connection's protocol resolves one future per reply as it parses it, in the
+same order (no reader task). So:
 
 * thousands of tasks share one connection: no pool to exhaust, and commands
   from many tasks are pipelined for free;
@@ -11,9 +12,9 @@ single reader task resolves one future per reply, in the same order. So:
   ``orphan`` callback, which undoes what the command did if that matters (an
   acquire that succeeded after its caller gave up);
 * redis-py's command retries and its ``asyncio.wait_for`` socket timeouts are
-  never on this path (we use its Connection for the handshake and the
-  parser only), so a script is never re-sent behind our back and a
-  cancellation is never swallowed;
+  never on this path (redis-py does the handshake, see ``dialer``; our
+  protocol reads the replies), so a script is never re-sent behind our back
+  and a cancellation is never swallowed;
 * a connection that stops answering (a paused server, a black-holed network)
   is detected: if no reply arrives for ``command_timeout`` seconds while
   commands are pending, it is closed and every pending command fails with a
@@ -33,7 +34,6 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import (
     BusyLoadingError,
     MasterDownError,
@@ -43,8 +43,10 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from .dialer import Dialer, Link
 from .errors import ClientClosedError, ServerRefusedError, ServerUnavailableError, from_redis
 from .hiredis import hiredis
+from .redis_compat import ConnectionFactory
 
 __all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Orphan"]
 
@@ -60,18 +62,8 @@ _REPLY_CLASSES: dict[str, type[ResponseError] | type[BusyLoadingError]] = {
     "TRYAGAIN": TryAgainError,
 }
 
-#: Builds a new, unconnected redis-py connection with aiolock's settings.
-ConnectionFactory = Callable[[], AbstractConnection]
 #: Receives the reply (or the error) of a command whose caller stopped waiting.
 Orphan = Callable[[Any, BaseException | None], None]
-
-
-def writer_of(conn: AbstractConnection) -> asyncio.StreamWriter:
-    """The connected stream writer of a redis-py connection (a private attribute)."""
-    writer = getattr(conn, "_writer", None)
-    if not isinstance(writer, asyncio.StreamWriter):
-        raise RedisConnectionError("connection is not connected")
-    return writer
 
 
 class CommandConnection:
@@ -85,14 +77,12 @@ class CommandConnection:
         on_connect: Callable[[], Iterable[tuple[Any, ...]]] = tuple,
         on_reset: Callable[[], None] | None = None,
     ) -> None:
-        self._factory = factory
+        # on_reset: called when an established connection is lost (not on
+        # close): the server behind the next one may have lost every key.
+        self.dialer = Dialer(factory, on_reset=on_reset)
         self._command_timeout = command_timeout
         self._on_connect = on_connect
-        # Called when an established connection is lost (not on close): the
-        # server behind the next one may have lost every key (a restart).
-        self._on_reset = on_reset
-        self._conn: AbstractConnection | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._link: Link | None = None  # the connection, once connected
         # Futures of commands on the wire, in send order, with their orphan
         # handlers; or (None, callback) for a command sent with send().
         self._pending: deque[tuple[asyncio.Future[Any] | None, Orphan | None]] = deque()
@@ -105,9 +95,11 @@ class CommandConnection:
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
         self._closers: set[asyncio.Task[None]] = set()
-        self._protocol: _ReplyProtocol | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop it runs on
-        self.connects = 0
+
+    @property
+    def connects(self) -> int:
+        return self.dialer.connects
 
     # -- submitting -----------------------------------------------------------
 
@@ -128,12 +120,13 @@ class CommandConnection:
         if self._closed:
             fut.set_exception(_closed_error())
             return fut
-        if self._writer is None:
+        link = self._link
+        if link is None:
             self._backlog.append((args, fut, orphan))
             if self._connect_task is None:
                 self._connect_task = loop.create_task(self._connect(), name="aiolock-connect")
             return fut
-        self._write(args)
+        link.transport.write(pack(args))
         self._queued(fut, orphan)
         return fut
 
@@ -144,21 +137,15 @@ class CommandConnection:
         if self._closed:
             callback(None, _closed_error())
             return
-        if self._writer is None:
+        link = self._link
+        if link is None:
             self._backlog.append((args, None, callback))
             if self._connect_task is None:
                 loop = asyncio.get_running_loop()
                 self._connect_task = loop.create_task(self._connect(), name="aiolock-connect")
             return
-        self._write(args)
+        link.transport.write(pack(args))
         self._queued(None, callback)
-
-    def _write(self, args: tuple[Any, ...]) -> None:
-        if self._protocol is not None:
-            self._protocol.transport.write(pack(args))
-        else:
-            assert self._conn is not None and self._writer is not None
-            self._writer.writelines(self._conn.pack_command(*args))
 
     async def call(self, *args: Any, orphan: Orphan | None = None) -> Any:
         """Submit a command and wait for its reply (see :meth:`submit` for ``orphan``)."""
@@ -202,43 +189,29 @@ class CommandConnection:
     # -- connecting and reading -------------------------------------------------
 
     async def _connect(self) -> None:
-        conn: AbstractConnection | None = None
         try:
-            conn = self._factory()
-            # The handshake (HELLO, AUTH, SELECT...) may hang on a paused server.
-            async with asyncio.timeout(self._command_timeout):
-                await conn.connect()  # type: ignore[no-untyped-call]
-            writer = writer_of(conn)
+            # The handshake (AUTH, SELECT...) may hang on a paused server.
+            # From then on our protocol parses replies as they arrive and
+            # resolves the callers' futures at once: no reader task.
+            link = await self.dialer.open(self._reply_protocol, self._command_timeout)
         except BaseException as exc:
-            if isinstance(exc, TimeoutError):
-                exc = RedisConnectionError(
-                    f"could not connect to Redis within {self._command_timeout:g} s"
-                )
             self._connect_task = None
             backlog, self._backlog = self._backlog, []
             cause = exc if isinstance(exc, Exception) else RedisConnectionError(repr(exc))
             for _, fut, orphan in backlog:
                 _fail(fut, orphan, cause)
-            if conn is not None:
-                await conn.disconnect(nowait=True)
             if not isinstance(exc, Exception):
                 raise
             return
         self._connect_task = None
         if self._closed:
-            await conn.disconnect(nowait=True)
+            await link.close()
             return
-        self._conn = conn
-        self._writer = writer
-        self.connects += 1
-        # redis-py did the handshake (AUTH, SELECT, TLS...); from here on
-        # our protocol parses replies as they arrive and resolves the
-        # callers' futures at once: no reader task, one loop turn less.
-        self._protocol = _ReplyProtocol(self, conn, writer.transport)
-        writer.transport.set_protocol(self._protocol)
+        self._link = link
+        write = link.transport.write
         # Session set-up first (script loads), then whatever queued meanwhile.
         for args in self._on_connect():
-            self._write(args)
+            write(pack(args))
             unawaited: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             unawaited.cancel()  # nobody waits: its reply goes to _ignore
             self._queued(unawaited, _ignore)
@@ -246,8 +219,11 @@ class CommandConnection:
         for args, fut, orphan in backlog:
             if fut is not None and fut.cancelled():
                 continue  # its caller gave up before it was ever sent
-            self._write(args)
+            write(pack(args))
             self._queued(fut, orphan)
+
+    def _reply_protocol(self, link: Link) -> _ReplyProtocol:
+        return _ReplyProtocol(self, link)
 
     def _deliver(self, reply: Any, error: BaseException | None) -> None:
         """Hand one reply to the oldest pending command."""
@@ -266,32 +242,26 @@ class CommandConnection:
         else:
             fut.set_result(reply)
 
-    def _drop(self, error: BaseException, conn: AbstractConnection | None = None) -> None:
+    def _drop(self, error: BaseException, link: Link | None = None) -> None:
         """Forget the current connection and fail every command pending on it,
         each with its own ConnectionFailedError caused by ``error`` (redis-py's)."""
-        if conn is not None and conn is not self._conn:
+        if link is not None and link is not self._link:
             return
-        conn = self._conn
-        self._conn = None
-        self._writer = None
-        protocol, self._protocol = self._protocol, None
-        if protocol is not None:
-            protocol.transport.abort()
+        link, self._link = self._link, None
+        if link is not None:
+            link.abort()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if conn is not None and not self._closed and self._on_reset is not None:
-            self._on_reset()
+        if link is not None and not self._closed:
+            self.dialer.lost()
         pending, self._pending = self._pending, deque()
         if self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
         for fut, orphan in pending:
             _fail(fut, orphan, error)
-        if conn is not None:
-            writer = getattr(conn, "_writer", None)
-            if isinstance(writer, asyncio.StreamWriter):
-                writer.transport.abort()
-            task = asyncio.get_running_loop().create_task(conn.disconnect(nowait=True))
+        if link is not None:
+            task = asyncio.get_running_loop().create_task(link.close())
             self._closers.add(task)
             task.add_done_callback(self._closers.discard)
 
@@ -377,12 +347,9 @@ def _error(reply: Exception) -> Exception:
 class _ReplyProtocol(asyncio.Protocol):
     """Parses replies with hiredis as bytes arrive; each resolves one future."""
 
-    def __init__(
-        self, owner: CommandConnection, conn: AbstractConnection, transport: asyncio.BaseTransport
-    ) -> None:
+    def __init__(self, owner: CommandConnection, link: Link) -> None:
         self._owner = owner
-        self._conn = conn
-        self.transport: asyncio.WriteTransport = transport  # type: ignore[assignment]
+        self._link = link
         self._parser = hiredis.Reader()
 
     def data_received(self, data: bytes) -> None:
@@ -393,7 +360,7 @@ class _ReplyProtocol(asyncio.Protocol):
             try:
                 reply = parser.gets()
             except Exception as exc:  # a protocol error: the stream is unusable
-                owner._drop(RedisConnectionError(f"bad reply from Redis: {exc}"), self._conn)
+                owner._drop(RedisConnectionError(f"bad reply from Redis: {exc}"), self._link)
                 return
             if reply is False:
                 return
@@ -403,9 +370,9 @@ class _ReplyProtocol(asyncio.Protocol):
                 owner._deliver(reply, None)
 
     def eof_received(self) -> bool | None:
-        self._owner._drop(RedisConnectionError("Redis closed the connection"), self._conn)
+        self._owner._drop(RedisConnectionError("Redis closed the connection"), self._link)
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f"connection to Redis lost: {exc}" if exc else "connection to Redis closed"
-        self._owner._drop(RedisConnectionError(reason), self._conn)
+        self._owner._drop(RedisConnectionError(reason), self._link)

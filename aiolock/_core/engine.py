@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import redis.asyncio as aioredis
-from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -45,6 +44,7 @@ from .lease import Hold, Lease, LostCallback, call_lost_callback
 from .listener import Channel, Listener
 from .notify import Backoff, ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
 from .owner import task_serial
+from .redis_compat import connection_factory
 from .scripts import Script, load_scripts, refused
 from .validate import check_lease, check_prefix, check_seconds, to_ms
 from .watchdog import Renewable, Watchdog, plan_batches
@@ -199,6 +199,9 @@ class Engine:
         self.backoff = backoff or Backoff()
         self.id = secrets.token_hex(16)
         self._redis = redis
+        # Every connection of this Client is made by it (see Dialer): the
+        # redis client's settings, named after this Client on the server.
+        self._new_connection = connection_factory(redis, f"aiolock:{self.id[:12]}")
         self.owns_redis = False
         self.scripts: dict[str, Script] = load_scripts()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -231,9 +234,8 @@ class Engine:
             on_connect=self._preload,
             on_reset=self._connection_reset,
         )
-        self.listener = Listener(self._new_connection)
-        self.listener.on_reset = self._connection_reset
-        self.signals = SignalHub(self._new_connection)
+        self.listener = Listener(self._new_connection, on_reset=self._connection_reset)
+        self.signals = SignalHub(self._new_connection, command_timeout=self.command_timeout)
         # Tasks parked in Redis-side waits of primitives without a LocalQueue.
         self.parked = 0
         self._attempts = 0
@@ -432,22 +434,6 @@ class Engine:
         """Send a plain command about ``key`` (its first argument after the name)
         and return the reply, e.g. ``call(key, b"PTTL", key)``."""
         return await self._route(key).call(*command)
-
-    def _new_connection(self) -> AbstractConnection:
-        pool = self._redis.connection_pool
-        kwargs = dict(pool.connection_kwargs)
-        # aiolock's own connections: raw bytes, RESP2, no socket read timeout
-        # (liveness is checked per command), never retried behind our back.
-        kwargs.update(
-            socket_timeout=None,
-            decode_responses=False,
-            protocol=2,
-            retry=None,
-            client_name=f"aiolock:{self.id[:12]}",
-        )
-        kwargs.pop("connection_pool", None)
-        conn: AbstractConnection = pool.connection_class(**kwargs)
-        return conn
 
     def _preload(self) -> list[tuple[Any, ...]]:
         return [(b"SCRIPT", b"LOAD", s.source) for s in self.scripts.values()]

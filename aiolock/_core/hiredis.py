@@ -1,8 +1,9 @@
 """hiredis, which parses every reply aiolock reads (a hard dependency).
 
-aiolock depends on ``redis[hiredis]``: its command connection and pub/sub
-listener hand redis-py's connected transport to their own protocols, which
-feed the bytes to ``hiredis.Reader`` as they arrive (no reader task). There
+aiolock depends on ``redis[hiredis]``: every connection of aiolock (see
+``dialer``) hands redis-py's connected transport to one of two protocols, the
+command connection's or the pub/sub listener's, which feed the bytes to
+``hiredis.Reader`` as they arrive (no reader task). There
 is no second, pure-Python path: an install without hiredis fails at import,
 saying how to fix it, rather than running code no test covers.
 """

@@ -21,26 +21,26 @@ cancelled before it ran passes its wake-up on. Lost messages cost at most one
 wait bound (the holder's TTL), never a hang: every `wait()` has a timeout.
 
 When the connection drops (or stops answering pings) the listener reconnects
-with capped exponential backoff, resubscribes every channel, and wakes every
-waiter once its channel is confirmed again, since messages may have been
-missed in between.
+with capped exponential backoff (its ``Dialer``), resubscribes every channel,
+and wakes every waiter once its channel is confirmed again, since messages
+may have been missed in between.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections import deque
 from collections.abc import Callable
 
-from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from .connection import ConnectionFactory, pack, writer_of
+from .connection import pack
+from .dialer import Dialer, Link
 from .errors import ClientClosedError
 from .futures import expire, retrieve
 from .hiredis import hiredis
+from .redis_compat import ConnectionFactory
 
 __all__ = ["WAKE_ALL", "WAKE_ONE", "Channel", "Listener"]
 
@@ -48,6 +48,7 @@ log = logging.getLogger("aiolock")
 
 WAKE_ONE = b"1"
 WAKE_ALL = b"*"
+_PING = pack((b"PING",))
 
 
 class Channel:
@@ -224,26 +225,24 @@ class Listener:
         *,
         health_interval: float = 5.0,
         backoff_cap: float = 2.0,
+        on_reset: Callable[[], None] | None = None,
     ) -> None:
-        self._factory = factory
+        # on_reset: called when an established pub/sub connection is lost (not on close).
+        self._dialer = Dialer(factory, on_reset=on_reset, backoff_cap=backoff_cap)
         self._health_interval = health_interval
-        self._backoff_cap = backoff_cap
         self._channels: dict[bytes, Channel] = {}
         # Replies still due per channel, in send order: True = subscribe.
         self._expect: dict[bytes, deque[bool]] = {}
-        self._conn: AbstractConnection | None = None
+        self._link: Link | None = None  # the connection, once connected
         # (Un)subscriptions of this loop iteration, sent together at its end
         # (100,000 waiters cancelled at once unsubscribe 1,000 channels in one
-        # command): [command, names] in order, for the connection in _batch_conn.
+        # command): [command, names] in order, for the connection in _batch_link.
         self._batch: list[tuple[bytes, list[bytes]]] = []
-        self._batch_conn: AbstractConnection | None = None
+        self._batch_link: Link | None = None
         self._wanted = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._ping_outstanding = False
-        self.connects = 0
-        # Called when an established pub/sub connection is lost (not on close).
-        self.on_reset: Callable[[], None] | None = None
 
     # -- public to the Client ---------------------------------------------------
 
@@ -253,7 +252,11 @@ class Listener:
 
     @property
     def connected(self) -> bool:
-        return self._conn is not None
+        return self._link is not None
+
+    @property
+    def connects(self) -> int:
+        return self._dialer.connects
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="aiolock-listener")
@@ -318,88 +321,75 @@ class Listener:
 
     def _send(self, command: bytes, names: list[bytes]) -> None:
         """(Un)subscribe ``names`` at the end of this loop iteration."""
-        conn = self._conn
-        if conn is None:
+        link = self._link
+        if link is None:
             return  # (re)connecting: the session subscribes the whole set
         for name in names:
             self._expect.setdefault(name, deque()).append(command == b"SUBSCRIBE")
         batch = self._batch
-        if batch and self._batch_conn is conn:
+        if batch and self._batch_link is link:
             if batch[-1][0] == command:
                 batch[-1][1].extend(names)  # consecutive: merged, order kept
             else:
                 batch.append((command, list(names)))
             return
         self._batch = [(command, list(names))]
-        self._batch_conn = conn
+        self._batch_link = link
         asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         batch, self._batch = self._batch, []
-        conn, self._batch_conn = self._batch_conn, None
-        if conn is None or conn is not self._conn:
+        link, self._batch_link = self._batch_link, None
+        if link is None or link is not self._link:
             return  # the connection went: the next session subscribes the whole set
         try:
-            transport = writer_of(conn).transport
-            transport.write(b"".join(pack((command, *names)) for command, names in batch))
+            link.write(b"".join(pack((command, *names)) for command, names in batch))
         except Exception:
-            self._abort()
-
-    def _abort(self) -> None:
-        conn = self._conn
-        if conn is not None:
-            writer = getattr(conn, "_writer", None)
-            if isinstance(writer, asyncio.StreamWriter):
-                writer.transport.abort()
+            link.abort()
 
     async def _disconnect(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            await conn.disconnect(nowait=True)
+        link, self._link = self._link, None
+        if link is not None:
+            await link.close()
 
     async def _run(self) -> None:
-        delay = 0.0
+        dialer = self._dialer
         while not self._closed:
             if not self._channels:
                 self._wanted.clear()
                 await self._wanted.wait()
-            if delay:
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            await dialer.pause()
             try:
                 await self._session()
-                delay = 0.0
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("aiolock listener: pub/sub connection lost (%s); reconnecting", exc)
-                delay = min(max(delay * 2, 0.05), self._backoff_cap)
+                dialer.failed()
             finally:
                 for channel in self._channels.values():
                     channel.set_confirmed(False)
                     channel.resync = True
                 self._expect.clear()
-                if self._conn is not None and not self._closed and self.on_reset is not None:
-                    self.on_reset()
+                if self._link is not None and not self._closed:
+                    dialer.lost()
                 await self._disconnect()
 
     async def _session(self) -> None:
-        conn = self._factory()
-        async with asyncio.timeout(self._health_interval * 2):
-            await conn.connect()  # type: ignore[no-untyped-call]
-        self._conn = conn
-        self.connects += 1
+        """One connection, until it fails (it always ends with an exception)."""
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
+        ended.add_done_callback(retrieve)  # (it may end after we stopped waiting)
+        # Messages are parsed as they arrive and dispatched at once: a woken
+        # waiter runs on the next loop turn, with no listener task step between.
+        self._link = await self._dialer.open(
+            lambda link: _PubSubProtocol(self, link, ended), self._health_interval * 2
+        )
         self._ping_outstanding = False
         if self._channels:
             self._send(b"SUBSCRIBE", list(self._channels))
-        loop = asyncio.get_running_loop()
         self._health_handle = loop.call_later(self._health_interval, self._health_check)
         try:
-            # redis-py did the handshake; from here on messages are parsed
-            # as they arrive and dispatched at once: a woken waiter runs on
-            # the next loop turn, with no listener task step in between.
-            ended: asyncio.Future[None] = loop.create_future()
-            ended.add_done_callback(retrieve)  # (it may end after we stopped waiting)
-            writer_of(conn).transport.set_protocol(_PubSubProtocol(self, ended))
             await ended
         finally:
             self._health_timer_cancel()
@@ -413,17 +403,18 @@ class Listener:
 
     def _health_check(self) -> None:
         """Ping every health_interval; a ping unanswered for a whole interval kills the link."""
-        if self._conn is None:
+        link = self._link
+        if link is None:
             return
         if self._ping_outstanding:
             log.warning("aiolock listener: pub/sub connection stopped answering; reconnecting")
-            self._abort()
+            link.abort()
             return
         self._ping_outstanding = True
         try:
-            writer_of(self._conn).writelines(self._conn.pack_command(b"PING"))
+            link.write(_PING)
         except Exception:
-            self._abort()
+            link.abort()
             return
         self._health_handle = asyncio.get_running_loop().call_later(
             self._health_interval, self._health_check
@@ -451,6 +442,7 @@ class Listener:
                 del self._expect[name]
             channel = self._channels.get(name)
             if kind == b"subscribe" and channel is not None:
+                self._dialer.proven()  # the link works: a loss reconnects soon
                 channel.set_confirmed(True)
                 if channel.resync:
                     channel.resync = False
@@ -463,8 +455,9 @@ class _PubSubProtocol(asyncio.Protocol):
     """Parses the pub/sub connection's replies with hiredis as bytes arrive and
     hands each to ``Listener._dispatch``; ``ended`` fails when the link does."""
 
-    def __init__(self, listener: Listener, ended: asyncio.Future[None]) -> None:
+    def __init__(self, listener: Listener, link: Link, ended: asyncio.Future[None]) -> None:
         self._listener = listener
+        self._link = link
         self._ended = ended
         self._parser = hiredis.Reader()
 
@@ -476,7 +469,7 @@ class _PubSubProtocol(asyncio.Protocol):
                 reply = parser.gets()
             except Exception as exc:  # a protocol error: the stream is unusable
                 self._end(f"bad reply from Redis: {exc}")
-                self._listener._abort()
+                self._link.abort()
                 return
             if reply is False:
                 return

@@ -28,16 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 from dataclasses import dataclass
 from typing import Protocol
 
-from redis.asyncio.connection import AbstractConnection
-
-from .connection import ConnectionFactory
+from .connection import CommandConnection
 from .errors import ClientClosedError, InvalidArgumentError
 from .listener import Channel, Listener
+from .redis_compat import ConnectionFactory
 from .validate import check_seconds
 
 __all__ = ["Backoff", "ListWaiter", "PollWaiter", "PubSubWaiter", "SignalHub", "Waiter"]
@@ -138,12 +136,16 @@ class _Signal:
 
 
 class SignalHub:
-    """The ``list`` mode's BLPOP loops: at most one per waited name per Client."""
+    """The ``list`` mode's BLPOP loops: at most one per waited name per Client,
+    each on a command connection of its own."""
 
     BLOCK = 5  # seconds per BLPOP; the loop goes on while anyone waits
 
-    def __init__(self, factory: ConnectionFactory) -> None:
+    def __init__(self, factory: ConnectionFactory, *, command_timeout: float = 10.0) -> None:
         self._factory = factory
+        # A BLPOP answers within BLOCK seconds (nil if nothing came): a connection
+        # silent for command_timeout more is gone.
+        self._command_timeout = self.BLOCK + command_timeout
         self._signals: dict[bytes, _Signal] = {}
         self._closed = False
         self.connects = 0
@@ -176,33 +178,30 @@ class SignalHub:
                 signal.task.cancel()
 
     async def _pump(self, key: bytes, channel: Channel) -> None:
-        delay = 0.0
-        conn: AbstractConnection | None = None
+        def connected() -> tuple[()]:
+            self.connects += 1
+            channel.wake_all()  # pushes may have been missed while away
+            return ()
+
+        conn = CommandConnection(
+            self._factory, command_timeout=self._command_timeout, on_connect=connected
+        )
+        dialer = conn.dialer
         try:
             while True:
+                await dialer.pause()
                 try:
-                    if conn is None:
-                        if delay:
-                            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                        conn = self._factory()
-                        async with asyncio.timeout(10):
-                            await conn.connect()  # type: ignore[no-untyped-call]
-                        self.connects += 1
-                        channel.wake_all()  # pushes may have been missed while away
-                    await conn.send_command(b"BLPOP", key, self.BLOCK)
-                    reply = await conn.read_response(timeout=math.inf)
-                    delay = 0.0
-                    if reply:
-                        channel.wake(reply[1])
+                    # Connects (again) if need be: a failed connect fails the call.
+                    reply = await conn.call(b"BLPOP", key, self.BLOCK)
                 except Exception as exc:
-                    log.warning("aiolock: BLPOP on %r failed (%s); reconnecting", key, exc)
-                    delay = min(max(delay * 2, 0.05), 2.0)
-                    if conn is not None:
-                        await conn.disconnect(nowait=True)
-                        conn = None
+                    log.warning("aiolock: BLPOP on %r failed (%s); retrying", key, exc)
+                    dialer.failed()
+                    continue
+                dialer.proven()
+                if reply:
+                    channel.wake(reply[1])
         finally:
-            if conn is not None:
-                await conn.disconnect(nowait=True)
+            await conn.aclose()
 
     async def aclose(self) -> None:
         self._closed = True

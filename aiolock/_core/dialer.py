@@ -1,0 +1,122 @@
+"""How aiolock opens a connection: one path for every connection of a Client.
+
+Every connection an Engine has (the command connection, the watchdog's
+renewal connection, the pub/sub listener's, and the BLPOP connections of
+``notify="list"``) is opened by a :class:`Dialer`, the same way:
+
+1. make a redis-py connection with the Client's settings (the engine's
+   factory, see ``redis_compat.connection_factory``);
+2. connect it with its handshake (AUTH, SELECT, CLIENT SETNAME, TLS...: see
+   ``redis_compat.connect``) within a time bound, since a paused server may
+   accept a connection and never answer;
+3. hand its socket's transport to one of aiolock's protocols, which parse
+   replies with hiredis as the bytes arrive (no reader task, no loop turn
+   between a reply and its caller);
+4. count the connect, and report the reset when an established connection is
+   lost (the engine's connection epoch: the server behind the next
+   connection may have lost every key);
+5. for owners that reconnect in a loop (the listener, the BLPOP loops):
+   capped exponential backoff, with jitter, between failed attempts.
+
+Errors are redis-py's exceptions (a connect that ran out of time is a
+redis-py ``ConnectionError``); owners turn them into AiolockErrors with
+``errors.from_redis`` where they reach a caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Callable
+
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from . import redis_compat
+from .redis_compat import ConnectionFactory
+
+__all__ = ["Dialer", "Link"]
+
+
+class Link:
+    """One open connection: the transport aiolock's protocol reads, and
+    redis-py's connection object, kept to close it."""
+
+    __slots__ = ("_conn", "transport")
+
+    def __init__(self, conn: AbstractConnection, transport: asyncio.WriteTransport) -> None:
+        self._conn = conn
+        self.transport = transport
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def abort(self) -> None:
+        """Close the socket at once (unsent data is dropped)."""
+        self.transport.abort()
+
+    async def close(self) -> None:
+        await redis_compat.disconnect(self._conn)
+
+
+class Dialer:
+    """Opens the connections of one owner (a command connection, the listener,
+    a BLPOP loop), counts them, reports resets, and paces reconnects."""
+
+    __slots__ = ("_backoff_cap", "_delay", "_factory", "_on_reset", "connects")
+
+    def __init__(
+        self,
+        factory: ConnectionFactory,
+        *,
+        on_reset: Callable[[], None] | None = None,
+        backoff_cap: float = 2.0,
+    ) -> None:
+        self._factory = factory
+        self._on_reset = on_reset
+        self._backoff_cap = backoff_cap
+        self._delay = 0.0
+        self.connects = 0
+
+    async def open(self, protocol: Callable[[Link], asyncio.Protocol], timeout: float) -> Link:
+        """Connect a new connection, handshake included, within ``timeout``
+        seconds, and read it with ``protocol(link)`` from now on."""
+        conn = self._factory()
+        try:
+            async with asyncio.timeout(timeout):
+                transport = await redis_compat.connect(conn)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await redis_compat.disconnect(conn)
+            if isinstance(exc, TimeoutError):
+                raise RedisConnectionError(
+                    f"could not connect to Redis within {timeout:g} s"
+                ) from None
+            raise
+        link = Link(conn, transport)
+        # No await from here to the caller: the protocol sees every byte, and
+        # the caller records the link before any of its callbacks can run.
+        transport.set_protocol(protocol(link))
+        self.connects += 1
+        return link
+
+    def lost(self) -> None:
+        """An established connection was lost (not closed by its owner)."""
+        if self._on_reset is not None:
+            self._on_reset()
+
+    # -- pacing reconnects (for owners that reconnect in a loop) ------------------
+
+    async def pause(self) -> None:
+        """Wait before the next attempt if the last ones failed."""
+        if self._delay:
+            await asyncio.sleep(self._delay * random.uniform(0.5, 1.0))
+
+    def failed(self) -> None:
+        """An attempt failed, or its connection was lost: wait longer before the next."""
+        self._delay = min(max(self._delay * 2, 0.05), self._backoff_cap)
+
+    def proven(self) -> None:
+        """The connection answered: the next attempt after a loss waits little."""
+        self._delay = 0.0
