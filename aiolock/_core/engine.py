@@ -290,9 +290,6 @@ class Engine:
 
     # -- plumbing used by the primitives ----------------------------------------------------
 
-    def key(self, name: str) -> str:
-        return f"{self.prefix}:{{{name}}}"
-
     def owner(self, task: asyncio.Task[Any]) -> str:
         return f"{self.id}:{task_serial(task)}"
 

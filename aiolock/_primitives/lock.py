@@ -12,6 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from .._core.connection import DID_NOT_RUN
 from .._core.errors import ClientClosedError, LockTimeoutError
 from .._core.futures import Outcome, expire
+from .._core.keys import LockKeys
 from .._core.lease import Hold, Lease
 from .._core.notify import PubSubWaiter
 from .._core.scripts import refused
@@ -240,6 +241,7 @@ class LocalQueue:
             engine.retention_ms,
             "1" if self.handoffs >= COHORT_BOUND else "0",
             lock._channel,
+            lock._names.wait_prefix,
             TOKEN_RESERVE,
         )
         checked_others = args[5] == "1"
@@ -261,7 +263,7 @@ class LocalQueue:
                     self.yield_next = True
                 engine.release_finished(hold, outcome, code)
 
-        engine.send_script("handoff", lock._release_keys(), args, done)
+        engine.send_script("handoff", lock._names.free, args, done)
         return outcome
 
     def _pass_locally(
@@ -331,11 +333,12 @@ class LocalQueue:
             code = int(
                 await engine.retry(hold.release_script, hold.release_keys, hold.release_args)
             )
+            names = lock._names
             await engine.retry(
                 "release",
-                lock._release_keys(),
+                names.free,
                 # "": the handed hold (it carries no attempt id)
-                (next_owner, "", lock._channel, engine.retention_ms, ""),
+                (next_owner, "", lock._channel, names.wait_prefix, engine.retention_ms, ""),
             )
         except BaseException as exc:
             hold.releasing = None
@@ -393,8 +396,8 @@ class LocalQueue:
     def _unwait_call(self, member: str) -> tuple[tuple[str, ...], tuple[Any, ...]]:
         lock = self.lock
         assert lock is not None
-        keys = (lock._key, lock._fence_key, lock._signal, lock._wq_key)
-        return keys, (member, self.engine.retention_ms, lock._channel)
+        names = lock._names
+        return names.free, (member, self.engine.retention_ms, lock._channel, names.wait_prefix)
 
     def _leave_soon(self) -> None:
         """leave(), retried in the background if its reply is lost (not on close:
@@ -477,15 +480,10 @@ class AsyncLock(SingleHolder):
       is lost at once.
     """
 
-    __slots__ = (
-        "_acquire_keys",
-        "_entry_map",
-        "_fence_key",
-        "_keys",
-        "_wait_channel",
-        "_what",
-        "_wq_key",
-    )
+    __slots__ = ("_entry_map", "_wait_channel", "_what")
+
+    _keys_type = LockKeys
+    _names: LockKeys
 
     #: The acquire script; the spin lock shares everything but the waiting.
     _acquire_script = "acquire"
@@ -495,13 +493,8 @@ class AsyncLock(SingleHolder):
 
     def __init__(self, engine: Engine, name: str) -> None:
         super().__init__(engine, name)
-        self._fence_key = f"{self._key}:fence"
-        self._wq_key = f"{self._key}:wq"
-        self._wait_channel = f"{self._key}:w:{engine.id}".encode()
+        self._wait_channel = self._names.wait_channel(engine.id)
         self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
-        # Built once: every acquisition of this object sends them.
-        self._acquire_keys = (self._key, self._fence_key, self._wq_key)
-        self._keys = (self._key, self._fence_key, self._signal, self._wq_key)
         self._what = f"lock {self.name!r}"
 
     def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
@@ -558,9 +551,6 @@ class AsyncLock(SingleHolder):
             raise
         return hold.new_lease()
 
-    def _release_keys(self) -> tuple[str, str, str, str]:
-        return self._keys
-
     async def _compete(
         self,
         state: LocalQueue,
@@ -572,7 +562,7 @@ class AsyncLock(SingleHolder):
         engine = self._engine
         owner = engine.owner(task)
         lease_s = engine.lease if lease is None else lease
-        keys = self._acquire_keys
+        keys = self._names.acquire
         attempt_id = engine.attempt_id()
         base = (owner, to_ms(lease_s), engine.retention_ms, TOKEN_RESERVE, attempt_id)
         targeted = self._targeted and engine.notify == "pubsub"
@@ -580,9 +570,7 @@ class AsyncLock(SingleHolder):
         # to it by a release (for one Client lease, renewed as any other); a
         # fixed lease is only woken (see scripts/_wake.lua).
         member = f"{owner}|{attempt_id}|{engine.lease_ms if lease is None else 0}"
-        undo = functools.partial(
-            _undo_acquire, engine, self._keys, owner, attempt_id, self._channel
-        )
+        undo = functools.partial(_undo_acquire, engine, self._names, owner, attempt_id)
         script = self._acquire_script
         granted: tuple[int, int, float, int] | None = None
         # The connection epoch in which the server granted the hold (-1: unknown).
@@ -683,7 +671,12 @@ class AsyncLock(SingleHolder):
                 redis_identity.renew_args,
             )
         else:
-            release = ("release", self._keys, (owner, token, self._channel, engine.retention_ms))
+            names = self._names
+            release = (
+                "release",
+                names.free,
+                (owner, token, self._channel, names.wait_prefix, engine.retention_ms),
+            )
             renew = ("renew", self._key, (owner, token))
         hold = Hold(
             engine,
@@ -725,8 +718,8 @@ class AsyncLock(SingleHolder):
         deleted = int(
             await engine.eval(
                 "force_release",
-                (self._key, self._signal, self._wq_key, self._fence_key),
-                (self._channel, engine.retention_ms),
+                self._names.free,
+                (self._channel, self._names.wait_prefix, engine.retention_ms),
             )
         )
         state: LocalQueue | None = engine.states.get(self._key)
@@ -748,10 +741,9 @@ class AsyncLock(SingleHolder):
 
 def _undo_acquire(
     engine: Engine,
-    keys: tuple[str, ...],
+    names: LockKeys,
     owner: str,
     attempt_id: int,
-    channel: bytes,
     reply: Any,
     error: BaseException | None,
 ) -> None:
@@ -761,11 +753,13 @@ def _undo_acquire(
     retry after an outage), when the same task already holds the lock again
     from a later acquire, which it must not delete.
     """
+    retention = engine.retention_ms
     if error is None:
         if reply and int(reply[0]) == 1:
-            args: tuple[Any, ...] = (owner, int(reply[1]), channel, engine.retention_ms)
-            engine.spawn(engine.retry("release", keys, args))
+            token = int(reply[1])
+            args: tuple[Any, ...] = (owner, token, names.channel, names.wait_prefix, retention)
+            engine.spawn(engine.retry("release", names.free, args))
     elif not isinstance(error, DID_NOT_RUN):
         # Unknown whether it ran: remove the hold this attempt may have taken.
-        args = (owner, "", channel, engine.retention_ms, attempt_id)
-        engine.spawn(engine.retry("release", keys, args))
+        args = (owner, "", names.channel, names.wait_prefix, retention, attempt_id)
+        engine.spawn(engine.retry("release", names.free, args))

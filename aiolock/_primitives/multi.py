@@ -312,7 +312,7 @@ async def _compete_group(
 ) -> list[Hold]:
     owner = engine.owner(task)
     lease_s = engine.lease if lease is None else lease
-    keys = tuple(k for lock in locks for k in (lock._key, lock._fence_key))
+    keys = tuple(k for lock in locks for k in lock._names.multi)
     attempt_id = engine.attempt_id()
     args = (owner, to_ms(lease_s), engine.retention_ms, attempt_id)
     blocker = [locks[0]]
@@ -354,8 +354,9 @@ def _spawn_release(
 ) -> None:
     """Release ``owner``'s hold of ``lock`` with ``token``, or (token "") the
     hold taken by the acquire attempt ``attempt_id``, in the background."""
-    args = (owner, token, lock._channel, engine.retention_ms, attempt_id)
-    engine.spawn(engine.retry("release", lock._release_keys(), args))
+    names = lock._names
+    args = (owner, token, names.channel, names.wait_prefix, engine.retention_ms, attempt_id)
+    engine.spawn(engine.retry("release", names.free, args))
 
 
 def _remaining(deadline: float | None, loop: asyncio.AbstractEventLoop) -> float | None:

@@ -43,6 +43,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from .._core.connection import DID_NOT_RUN
 from .._core.errors import ClientClosedError, LockNotOwnedError, LockTimeoutError, LockUpgradeError
 from .._core.futures import expire
+from .._core.keys import RWKeys
 from .._core.lease import Hold, Lease
 from .._core.notify import Waiter
 from .._core.validate import to_ms
@@ -278,28 +279,13 @@ class ReadWriteLock(Primitive):
     scripts refuse a name held by another kind with a WrongTypeError.
     """
 
-    __slots__ = (
-        "_fence_key",
-        "_rel_key",
-        "_rq_key",
-        "_state_key",
-        "_wchannel",
-        "_wq_key",
-        "_wsignal",
-        "read",
-        "write",
-    )
+    __slots__ = ("read", "write")
+
+    _keys_type = RWKeys
+    _names: RWKeys
 
     def __init__(self, engine: Engine, name: str) -> None:
         super().__init__(engine, name)
-        key = self._key
-        self._fence_key = f"{key}:fence"
-        self._rel_key = f"{key}:rel"
-        self._wq_key = f"{key}:wq"
-        self._rq_key = f"{key}:rq"
-        self._wchannel = f"{key}:wch".encode()
-        self._wsignal = f"{key}:wsignal"
-        self._state_key = f"{key}:rw"
         #: The shared side: many holders at once.
         self.read = ReadLock(self)
         #: The exclusive side.
@@ -308,43 +294,35 @@ class ReadWriteLock(Primitive):
     # -- local state ------------------------------------------------------------------------
 
     def _local(self) -> _RWState | None:
-        state: _RWState | None = self._engine.states.get(self._state_key)
+        state: _RWState | None = self._engine.states.get(self._names.local)
         return state
 
     def _local_or_new(self) -> _RWState:
         state = self._local()
         if state is None:
-            state = self._engine.states[self._state_key] = _RWState(self._engine, self._state_key)
+            local = self._names.local
+            state = self._engine.states[local] = _RWState(self._engine, local)
         return state
 
     def _writer_waiter(self) -> Waiter:
-        return self._engine.waiter(self._wchannel, self._wsignal)
+        return self._engine.waiter(self._names.wchannel, self._names.wsignal)
 
-    # -- keys and arguments of the scripts ---------------------------------------------
-
-    def _read_release_keys(self) -> tuple[str, ...]:
-        return (self._key, self._rel_key, self._wsignal)
-
-    def _write_release_keys(self) -> tuple[str, ...]:
-        return (self._key, self._rel_key, self._wq_key, self._rq_key, self._signal, self._wsignal)
-
-    def _unwait_keys(self) -> tuple[str, ...]:
-        return (self._wq_key, self._key, self._rq_key, self._signal, self._wsignal)
+    # -- script calls in the background ------------------------------------------------
 
     def _release_read_later(self, owner: str, token: int | str, nonce: str) -> None:
-        engine = self._engine
-        args = (owner, token, self._wchannel, nonce)
-        engine.spawn(engine.retry("rw_release_read", self._read_release_keys(), args))
+        engine, names = self._engine, self._names
+        args = (owner, token, names.wchannel, nonce)
+        engine.spawn(engine.retry("rw_release_read", names.release_read, args))
 
     def _release_write_later(self, owner: str, token: int | str, nonce: str) -> None:
-        engine = self._engine
-        args = (owner, token, self._channel, self._wchannel, nonce)
-        engine.spawn(engine.retry("rw_release_write", self._write_release_keys(), args))
+        engine, names = self._engine, self._names
+        args = (owner, token, names.channel, names.wchannel, nonce)
+        engine.spawn(engine.retry("rw_release_write", names.release_write, args))
 
     def _unwait_later(self, owner: str, nonce: str) -> None:
-        engine = self._engine
-        args = (f"{owner}#{nonce}", self._channel, self._wchannel)
-        engine.spawn(engine.retry("rw_unwait", self._unwait_keys(), args))
+        engine, names = self._engine, self._names
+        args = (f"{owner}#{nonce}", names.channel, names.wchannel)
+        engine.spawn(engine.retry("rw_unwait", names.unwait, args))
 
     # -- acquire ---------------------------------------------------------------------------
 
@@ -379,7 +357,7 @@ class ReadWriteLock(Primitive):
         engine = self._engine
         owner = engine.owner(task)
         lease_s = engine.lease if lease is None else lease
-        keys = (self._key, self._fence_key, self._wq_key, self._rq_key)
+        keys = self._names.acquire_read
         nonce = str(next(_nonces))
         args = (owner, to_ms(lease_s), engine.retention_ms, engine.id, nonce)
         undo = functools.partial(_undo_read, self, owner, nonce)
@@ -410,8 +388,8 @@ class ReadWriteLock(Primitive):
             expires_at=sent + lease_s,
             release=(
                 "rw_release_read",
-                self._read_release_keys(),
-                (owner, token, self._wchannel, nonce),
+                self._names.release_read,
+                (owner, token, self._names.wchannel, nonce),
             ),
             renew=("rw_renew", self._key, ("r", owner, token)),
         )
@@ -464,11 +442,11 @@ class ReadWriteLock(Primitive):
         loop = asyncio.get_running_loop()
         owner = engine.owner(task)
         lease_s = engine.lease if lease is None else lease
-        keys = (self._key, self._fence_key, self._wq_key)
+        keys = self._names.acquire_write
         lease_ms = to_ms(lease_s)
         nonce = str(next(_nonces))
         undo = functools.partial(_undo_write, self, owner, nonce)
-        entry = _WaitEntry(engine, self._wq_key, f"{owner}#{nonce}")
+        entry = _WaitEntry(engine, self._names.wq, f"{owner}#{nonce}")
 
         async def attempt() -> tuple[int | None, float | None]:
             sent = loop.time()
@@ -510,8 +488,8 @@ class ReadWriteLock(Primitive):
             expires_at=sent + lease_s,
             release=(
                 "rw_release_write",
-                self._write_release_keys(),
-                (owner, token, self._channel, self._wchannel, nonce),
+                self._names.release_write,
+                (owner, token, self._channel, self._names.wchannel, nonce),
             ),
             renew=("rw_renew", self._key, ("w", owner, token)),
         )
@@ -531,9 +509,11 @@ class ReadWriteLock(Primitive):
     async def _force(self, what: str) -> bool:
         engine = self._engine
         engine.enter()
-        keys = (self._key, self._wq_key, self._rq_key, self._signal, self._wsignal)
+        names = self._names
         evicted = int(
-            await engine.eval("rw_force_release", keys, (what, self._channel, self._wchannel))
+            await engine.eval(
+                "rw_force_release", names.force_release, (what, names.channel, names.wchannel)
+            )
         )
         state = self._local()
         if state is not None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .._core.connection import DID_NOT_RUN
 from .._core.errors import InvalidArgumentError, InvalidArgumentTypeError, LockNotOwnedError
+from .._core.keys import SemaphoreKeys
 from .._core.lease import Hold, Lease
 from .._core.validate import check_lease, check_timeout, to_ms
 from .base import (
@@ -203,22 +204,14 @@ class Semaphore(Primitive, LockLike[Permit]):
       idle.)
     """
 
-    __slots__ = (
-        "_entry_map",
-        "_fence_key",
-        "_holders_key",
-        "_permits",
-        "_released_key",
-        "_state_key",
-    )
+    __slots__ = ("_entry_map", "_permits")
+
+    _keys_type = SemaphoreKeys
+    _names: SemaphoreKeys
 
     def __init__(self, engine: Engine, name: str, permits: int) -> None:
         super().__init__(engine, name)
         self._permits = check_permits(permits)
-        self._holders_key = f"{self._key}:h"
-        self._released_key = f"{self._key}:r"
-        self._fence_key = f"{self._key}:fence"
-        self._state_key = f"{self._key}:sem"
         self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
 
     def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
@@ -271,9 +264,9 @@ class Semaphore(Primitive, LockLike[Permit]):
         engine = self._engine
         loop = engine.enter()
         task = current_task()
-        state: _SemState | None = engine.states.get(self._state_key)
+        state: _SemState | None = engine.states.get(self._names.local)
         if state is None:
-            state = engine.states[self._state_key] = _SemState(engine, self._state_key)
+            state = engine.states[self._names.local] = _SemState(engine, self._names.local)
         deadline = None if timeout is None else loop.time() + timeout
         state.active += 1
         try:
@@ -281,9 +274,6 @@ class Semaphore(Primitive, LockLike[Permit]):
         finally:
             state.active -= 1
             state.drop_if_idle()
-
-    def _release_keys(self) -> tuple[str, str, str, str]:
-        return (self._key, self._holders_key, self._released_key, self._signal)
 
     async def _compete(
         self,
@@ -299,11 +289,11 @@ class Semaphore(Primitive, LockLike[Permit]):
         owner = engine.owner(task)
         member = f"{permits}|{owner}:{next(_acquisitions)}"
         lease_s = engine.lease if lease is None else lease
-        keys = (self._key, self._holders_key, self._fence_key, self._signal)
+        keys = self._names.acquire
         claim_ms = engine.lease_ms if timeout_allows_wait else 0
         since_ms = 0  # when this acquisition first failed, by the server's clock
 
-        release_keys = self._release_keys()
+        release_keys = self._names.release
         release_args = (member, self._permits, engine.retention_ms, self._channel)
         claimed = False
 
@@ -376,7 +366,7 @@ class Semaphore(Primitive, LockLike[Permit]):
             watchdog=lease is None,
             expires_at=sent + lease_s,
             release=("sem_release", release_keys, release_args),
-            renew=("sem_renew", self._holders_key, (member,)),
+            renew=("sem_renew", self._names.holders, (member,)),
         )
         permit = Permit(hold, permits)
         hold.leases.append(permit)
@@ -445,7 +435,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         the release is on the wire, the release still completes.
         """
         self._engine.check_usable()
-        state: _SemState | None = self._engine.states.get(self._state_key)
+        state: _SemState | None = self._engine.states.get(self._names.local)
         task = asyncio.current_task()
         if state is not None:
             for hold in reversed(list(state.held)):
@@ -464,7 +454,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         engine.enter()
         reply = await engine.eval(
             "sem_state",
-            (self._key, self._holders_key, self._signal),
+            self._names.state,
             (self._permits, engine.retention_ms, self._channel),
         )
         return int(reply[0]), int(reply[1])
@@ -500,13 +490,13 @@ class Semaphore(Primitive, LockLike[Permit]):
         engine.enter()
         await engine.eval(
             "sem_set_permits",
-            (self._key, self._holders_key, self._signal),
+            self._names.state,
             (n, self._permits, engine.retention_ms, self._channel),
         )
         self._permits = n
 
     def __repr__(self) -> str:
-        state: _SemState | None = self._engine.states.get(self._state_key)
+        state: _SemState | None = self._engine.states.get(self._names.local)
         if state is None:
             return f"<Semaphore {self.name!r} N={self._permits}, nothing held here>"
         held = sum(p.permits for h in state.held for p in h.leases if isinstance(p, Permit))
