@@ -412,7 +412,7 @@ DIRECT: list[tuple[str, tuple[str, ...], tuple[Any, ...], tuple[tuple[Any, ...],
     (
         "unwait",
         ("", ":fence", ":signal", ":wq"),
-        ("ab:1|7|0", 60000, "t:{d}:ch"),
+        ("ab:1|7|0", 60000, "t:{d}:ch", "t:{d}:w:"),
         (("ZADD", "t:{d}:wq", 2**40, "ab:1|7|0"),),
     ),
     (

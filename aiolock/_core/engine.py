@@ -384,9 +384,6 @@ class Engine:
     # * Local state: ``state`` / ``peek_state`` / ``drop_state``; ``spawn`` for
     #   background work.
 
-    def key(self, name: str) -> str:
-        return f"{self.prefix}:{{{name}}}"
-
     def owner(self, task: asyncio.Task[Any]) -> str:
         return f"{self.id}:{task_serial(task)}"
 

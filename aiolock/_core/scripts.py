@@ -7,6 +7,11 @@ several scripts (the fencing counter) is written once. Script objects belong
 to one Client: it loads them with SCRIPT LOAD on first use, runs them with
 EVALSHA, and reloads on NOSCRIPT (after a restart, a failover or SCRIPT FLUSH).
 
+A script builds no key or channel name: it gets every key it touches in
+KEYS and every channel in ARGV, and a name that depends on a client id it
+finds in Redis as a template in ARGV (the part before the id). All of them
+come from aiolock/_core/keys.py.
+
 A refused command changes nothing: every script that writes checks the type
 of each key it touches before its first write (``_types.lua``) and fails with
 a ``WRONGTYPE aiolock: key <key> holds a ...`` error when one holds a value of

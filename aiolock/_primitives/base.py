@@ -24,7 +24,17 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Generic,
+    Literal,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    overload,
+)
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -41,6 +51,7 @@ from .._core.errors import (
     asyncio_required,
     from_redis,
 )
+from .._core.keys import Keys
 from .._core.lease import Hold, Lease
 from .._core.notify import Waiter
 from .._core.validate import check_lease, check_name, check_timeout
@@ -255,14 +266,19 @@ async def compete(
 class Primitive:
     """A name, its keys, and how its waiters are notified. Cheap: no I/O."""
 
-    __slots__ = ("_channel", "_engine", "_key", "_signal", "name")
+    __slots__ = ("_channel", "_engine", "_key", "_names", "_signal", "name")
+
+    #: The kind's names (aiolock/_core/keys.py); ``_names`` is built from it once.
+    _keys_type: ClassVar[type[Keys]] = Keys
+    _names: Keys
 
     def __init__(self, engine: Engine, name: str) -> None:
         self.name = check_name(name)
         self._engine = engine
-        self._key = engine.key(self.name)
-        self._channel = f"{self._key}:ch".encode()
-        self._signal = f"{self._key}:signal"
+        names = self._names = self._keys_type.of(engine.prefix, self.name)
+        self._key = names.main
+        self._channel = names.channel
+        self._signal = names.signal
 
     def _waiter(self) -> Waiter:
         return self._engine.waiter(self._channel, self._signal)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.errors import ClientClosedError
 from .._core.futures import expire, retrieve
+from .._core.keys import FairKeys
 from .._core.lease import Hold, Lease
 from .._core.listener import WAKE_ALL, Channel
 from .._core.owner import task_serial
@@ -205,12 +206,13 @@ class _FairState:
     def __init__(self, lock: FairLock) -> None:
         engine = lock._engine
         self.engine = engine
-        self.key = lock._state_key
-        self.keys = lock._keys
-        self.tail = lock._tail
-        self.queue_key = lock._queue_key
-        self.channel_name = f"{lock._key}:ch:{engine.id}".encode()
-        self.signal_key = f"{lock._key}:sig:{engine.id}".encode()
+        names = lock._names
+        self.key = names.local
+        self.keys = names.all
+        self.tail = names.templates
+        self.queue_key = names.queue
+        self.channel_name = names.client_channel(engine.id)
+        self.signal_key = names.client_signal(engine.id)
         self.held: list[Hold] = []
         self.tickets: dict[str, _Ticket] = {}
         self.live = _Liveness(self)
@@ -334,7 +336,10 @@ class FairLock(SingleHolder):
     ``<prefix>:{<name>}:fence`` and ``<prefix>:{<name>}:q`` (the queue).
     """
 
-    __slots__ = ("_entry_map", "_fence_key", "_keys", "_queue_key", "_state_key", "_tail")
+    __slots__ = ("_entry_map",)
+
+    _keys_type = FairKeys
+    _names: FairKeys
 
     _kind = "fair lock"
     _owned_script = "fair_owned"
@@ -344,19 +349,13 @@ class FairLock(SingleHolder):
 
     def __init__(self, engine: Engine, name: str) -> None:
         super().__init__(engine, name)
-        self._fence_key = f"{self._key}:fence"
-        self._queue_key = f"{self._key}:q"
-        self._keys = (self._key, self._fence_key, self._queue_key)
-        # Prefixes of the per-Client channels and signal lists (ARGV of the scripts).
-        self._tail = (f"{self._key}:ch:", f"{self._key}:sig:")
-        self._state_key = f"{self._key}:fair"
         self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
 
     def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
         return self._entry_map
 
     def _state(self) -> _FairState:
-        return self._engine.state(self._state_key, _FairState, self)
+        return self._engine.state(self._names.local, _FairState, self)
 
     # -- acquire -----------------------------------------------------------------------
 
@@ -384,10 +383,11 @@ class FairLock(SingleHolder):
             f"{_MODES[engine.notify]}"
         )
         ticket = state.add(wid)
-        keys = self._keys
+        names = self._names
+        keys = names.all
         # Whatever became of a try (queued, granted, unknown): leave the queue,
         # passing on a lock handed to this call.
-        leave = engine.undo((("fair_leave", keys, (wid, engine.retention_ms, *self._tail)),))
+        leave = engine.undo((("fair_leave", keys, (wid, engine.retention_ms, *names.templates)),))
         queued = False
 
         async def attempt() -> tuple[int | None, float | None]:
@@ -400,7 +400,7 @@ class FairLock(SingleHolder):
                 engine.lease_ms,
                 engine.retention_ms,
                 1 if join else 0,
-                *self._tail,
+                *names.templates,
             )
             reply = await engine.eval("fair_acquire", keys, args, leave)
             if int(reply[0]) == 1:
@@ -453,8 +453,8 @@ class FairLock(SingleHolder):
             sent,
             release=(
                 "fair_release",
-                self._keys,
-                (wid, token, engine.retention_ms, *self._tail),
+                self._names.all,
+                (wid, token, engine.retention_ms, *self._names.templates),
             ),
             renew=("fair_renew", self._key, (wid, token)),
             on_detach=state.hold_ended,
@@ -474,7 +474,7 @@ class FairLock(SingleHolder):
         return None
 
     def _my_hold(self) -> Hold | None:
-        state: _FairState | None = self._engine.peek_state(self._state_key)
+        state: _FairState | None = self._engine.peek_state(self._names.local)
         return self._hold_of(state, asyncio.current_task())
 
     # -- queries ----------------------------------------------------------------------------
@@ -486,7 +486,8 @@ class FairLock(SingleHolder):
         lease after its last renewal, when they reach the head).
         """
         self._engine.enter()
-        return int(await self._engine.call(self._queue_key, b"ZCOUNT", self._queue_key, 1, "+inf"))
+        queue = self._names.queue
+        return int(await self._engine.call(queue, b"ZCOUNT", queue, 1, "+inf"))
 
     async def force_release(self) -> bool:
         """Delete the lock whoever holds it (True if it was held); the next waiter gets it.
@@ -498,21 +499,20 @@ class FairLock(SingleHolder):
         engine.enter()
         deleted = int(
             await engine.eval(
-                "fair_force_release", self._keys, (engine.retention_ms, *self._tail)
+                "fair_force_release", self._names.all, (engine.retention_ms, *self._names.templates)
             )
         )
-        state: _FairState | None = engine.peek_state(self._state_key)
+        state: _FairState | None = engine.peek_state(self._names.local)
         if state is not None:
             for hold in list(state.held):
                 hold.mark_lost("force-released")
         return deleted == 1
 
     def __repr__(self) -> str:
-        state: _FairState | None = self._engine.peek_state(self._state_key)
+        state: _FairState | None = self._engine.peek_state(self._names.local)
         if state is None:
             return f"<FairLock {self.name!r} not held here>"
         loop = self._engine.loop
         loop_time = loop.time() if loop is not None else 0.0
         held = "; ".join(h.describe(loop_time) for h in state.held) or "not held here"
         return f"<FairLock {held}, {state.waiting()} waiting here>"
-

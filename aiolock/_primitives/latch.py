@@ -9,6 +9,7 @@ from redis.exceptions import NoScriptError
 
 from .._core.errors import InvalidArgumentError, InvalidArgumentTypeError
 from .._core.futures import retrieve
+from .._core.keys import LatchKeys
 from .._core.validate import check_timeout
 from .base import Primitive, compete
 
@@ -70,6 +71,9 @@ class Latch(Primitive):
 
     __slots__ = ("_count",)
 
+    _keys_type = LatchKeys
+    _names: LatchKeys
+
     def __init__(self, engine: Engine, name: str, count: int) -> None:
         super().__init__(engine, name)
         self._count = check_count(count, allow_zero=True)
@@ -102,7 +106,7 @@ class Latch(Primitive):
         """Count down by one; return the count left (0: open; every waiter is woken)."""
         engine = self._engine
         engine.enter()
-        keys = (self._key, self._signal)
+        keys = self._names.down
         args = (self._channel, engine.retention_ms)
         # Written now, in call order (a try_set_count called next runs after it),
         # and shielded: a cancelled caller does not stop it.

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.errors import ClientClosedError, LockTimeoutError
 from .._core.futures import Outcome, expire
+from .._core.keys import LockKeys
 from .._core.lease import Hold, Lease
 from .._core.validate import to_ms
 from .base import SingleHolder, _Entry, compete, ttl_hint
@@ -234,6 +235,7 @@ class LocalQueue:
             engine.retention_ms,
             "1" if self.handoffs >= COHORT_BOUND else "0",
             lock._channel,
+            lock._names.wait_prefix,
             TOKEN_RESERVE,
         )
         checked_others = args[5] == "1"
@@ -255,7 +257,7 @@ class LocalQueue:
                     self.yield_next = True
                 engine.release_finished(hold, outcome, code)
 
-        engine.send_script("handoff", lock._release_keys(), args, done)
+        engine.send_script("handoff", lock._names.free, args, done)
         return outcome
 
     def _pass_locally(
@@ -326,11 +328,12 @@ class LocalQueue:
             code = int(
                 await engine.retry(hold.release_script, hold.release_keys, hold.release_args)
             )
+            names = lock._names
             await engine.retry(
                 "release",
-                lock._release_keys(),
+                names.free,
                 # "": the handed hold (it carries no attempt id)
-                (next_owner, "", lock._channel, engine.retention_ms, ""),
+                (next_owner, "", lock._channel, names.wait_prefix, engine.retention_ms, ""),
             )
         except BaseException as exc:
             engine.release_failed(hold, outcome, exc)
@@ -384,8 +387,8 @@ class LocalQueue:
     def _unwait_call(self, member: str) -> tuple[tuple[str, ...], tuple[Any, ...]]:
         lock = self.lock
         assert lock is not None
-        keys = (lock._key, lock._fence_key, lock._signal, lock._wq_key)
-        return keys, (member, self.engine.retention_ms, lock._channel)
+        names = lock._names
+        return names.free, (member, self.engine.retention_ms, lock._channel, names.wait_prefix)
 
     def _leave_soon(self) -> None:
         """leave(), retried in the background if its reply is lost (not on close:
@@ -468,15 +471,10 @@ class AsyncLock(SingleHolder):
       is lost at once.
     """
 
-    __slots__ = (
-        "_acquire_keys",
-        "_entry_map",
-        "_fence_key",
-        "_keys",
-        "_wait_channel",
-        "_what",
-        "_wq_key",
-    )
+    __slots__ = ("_entry_map", "_wait_channel", "_what")
+
+    _keys_type = LockKeys
+    _names: LockKeys
 
     #: The acquire script; the spin lock shares everything but the waiting.
     _acquire_script = "acquire"
@@ -486,13 +484,8 @@ class AsyncLock(SingleHolder):
 
     def __init__(self, engine: Engine, name: str) -> None:
         super().__init__(engine, name)
-        self._fence_key = f"{self._key}:fence"
-        self._wq_key = f"{self._key}:wq"
-        self._wait_channel = f"{self._key}:w:{engine.id}".encode()
+        self._wait_channel = self._names.wait_channel(engine.id)
         self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
-        # Built once: every acquisition of this object sends them.
-        self._acquire_keys = (self._key, self._fence_key, self._wq_key)
-        self._keys = (self._key, self._fence_key, self._signal, self._wq_key)
         self._what = f"lock {self.name!r}"
 
     def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
@@ -549,9 +542,6 @@ class AsyncLock(SingleHolder):
             raise
         return hold.new_lease()
 
-    def _release_keys(self) -> tuple[str, str, str, str]:
-        return self._keys
-
     async def _compete(
         self,
         state: LocalQueue,
@@ -563,7 +553,7 @@ class AsyncLock(SingleHolder):
         engine = self._engine
         owner = engine.owner(task)
         lease_s = engine.lease if lease is None else lease
-        keys = self._acquire_keys
+        keys = self._names.acquire
         attempt_id = engine.attempt_id()
         base = (owner, to_ms(lease_s), engine.retention_ms, TOKEN_RESERVE, attempt_id)
         targeted = self._targeted and engine.notify == "pubsub"
@@ -571,8 +561,15 @@ class AsyncLock(SingleHolder):
         # to it by a release (for one Client lease, renewed as any other); a
         # fixed lease is only woken (see scripts/_wake.lua).
         member = f"{owner}|{attempt_id}|{engine.lease_ms if lease is None else 0}"
+        names = self._names
         undo = engine.undo(
-            (("release", self._keys, (owner, "", self._channel, engine.retention_ms, attempt_id)),),
+            (
+                (
+                    "release",
+                    names.free,
+                    (owner, "", names.channel, names.wait_prefix, engine.retention_ms, attempt_id),
+                ),
+            ),
             undo_granted,
         )
         script = self._acquire_script
@@ -675,7 +672,12 @@ class AsyncLock(SingleHolder):
                 redis_identity.renew_args,
             )
         else:
-            release = ("release", self._keys, (owner, token, self._channel, engine.retention_ms))
+            names = self._names
+            release = (
+                "release",
+                names.free,
+                (owner, token, self._channel, names.wait_prefix, engine.retention_ms),
+            )
             renew = ("renew", self._key, (owner, token))
         hold = state.hold = engine.new_hold(
             self.name,
@@ -715,8 +717,8 @@ class AsyncLock(SingleHolder):
         deleted = int(
             await engine.eval(
                 "force_release",
-                (self._key, self._signal, self._wq_key, self._fence_key),
-                (self._channel, engine.retention_ms),
+                self._names.free,
+                (self._channel, self._names.wait_prefix, engine.retention_ms),
             )
         )
         state: LocalQueue | None = engine.peek_state(self._key)
@@ -746,6 +748,6 @@ def undo_granted(reply: Any, calls: tuple[Call, ...]) -> tuple[Call, ...]:
     the hold it took, by its token (see ``Engine.undo``; ``calls``: the release
     by attempt id, for when it is unknown whether the script ran)."""
     if reply and int(reply[0]) == 1:
-        name, keys, (owner, _, channel, retention, _) = calls[0]
-        return ((name, keys, (owner, int(reply[1]), channel, retention)),)
+        name, keys, (owner, _, channel, wait_prefix, retention, _) = calls[0]
+        return ((name, keys, (owner, int(reply[1]), channel, wait_prefix, retention)),)
     return ()

@@ -311,7 +311,7 @@ async def _compete_group(
 ) -> list[Hold]:
     owner = engine.owner(task)
     lease_s = engine.lease if lease is None else lease
-    keys = tuple(k for lock in locks for k in (lock._key, lock._fence_key))
+    keys = tuple(k for lock in locks for k in lock._names.multi)
     attempt_id = engine.attempt_id()
     args = (owner, to_ms(lease_s), engine.retention_ms, attempt_id)
     blocker = [locks[0]]
@@ -320,8 +320,15 @@ async def _compete_group(
         tuple(
             (
                 "release",
-                lock._release_keys(),
-                (owner, "", lock._channel, engine.retention_ms, attempt_id),
+                lock._names.free,
+                (
+                    owner,
+                    "",
+                    lock._channel,
+                    lock._names.wait_prefix,
+                    engine.retention_ms,
+                    attempt_id,
+                ),
             )
             for lock in locks
         ),
@@ -356,8 +363,8 @@ def _undo_granted(reply: Any, calls: tuple[Call, ...]) -> tuple[Call, ...]:
     release every lock it took, by its token (see ``Engine.undo``)."""
     if reply and int(reply[0]) == 1:
         return tuple(
-            (name, keys, (owner, int(token), channel, retention, ""))
-            for (name, keys, (owner, _, channel, retention, _)), token in zip(
+            (name, keys, (owner, int(token), channel, wait_prefix, retention, ""))
+            for (name, keys, (owner, _, channel, wait_prefix, retention, _)), token in zip(
                 calls, reply[1:], strict=True
             )
         )

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.errors import ClientClosedError, LockNotOwnedError, LockTimeoutError, LockUpgradeError
 from .._core.futures import expire
+from .._core.keys import RWKeys
 from .._core.lease import Hold, Lease
 from .._core.notify import Waiter
 from .._core.validate import to_ms
@@ -268,28 +269,13 @@ class ReadWriteLock(Primitive):
     scripts refuse a name held by another kind with a WrongTypeError.
     """
 
-    __slots__ = (
-        "_fence_key",
-        "_rel_key",
-        "_rq_key",
-        "_state_key",
-        "_wchannel",
-        "_wq_key",
-        "_wsignal",
-        "read",
-        "write",
-    )
+    __slots__ = ("read", "write")
+
+    _keys_type = RWKeys
+    _names: RWKeys
 
     def __init__(self, engine: Engine, name: str) -> None:
         super().__init__(engine, name)
-        key = self._key
-        self._fence_key = f"{key}:fence"
-        self._rel_key = f"{key}:rel"
-        self._wq_key = f"{key}:wq"
-        self._rq_key = f"{key}:rq"
-        self._wchannel = f"{key}:wch".encode()
-        self._wsignal = f"{key}:wsignal"
-        self._state_key = f"{key}:rw"
         #: The shared side: many holders at once.
         self.read = ReadLock(self)
         #: The exclusive side.
@@ -298,29 +284,20 @@ class ReadWriteLock(Primitive):
     # -- local state ------------------------------------------------------------------------
 
     def _local(self) -> _RWState | None:
-        state: _RWState | None = self._engine.peek_state(self._state_key)
+        state: _RWState | None = self._engine.peek_state(self._names.local)
         return state
 
     def _local_or_new(self) -> _RWState:
-        return self._engine.state(self._state_key, _new_state, self)
+        return self._engine.state(self._names.local, _new_state, self)
 
     def _writer_waiter(self) -> Waiter:
-        return self._engine.waiter(self._wchannel, self._wsignal)
+        return self._engine.waiter(self._names.wchannel, self._names.wsignal)
 
-    # -- keys and arguments of the scripts ---------------------------------------------
-
-    def _read_release_keys(self) -> tuple[str, ...]:
-        return (self._key, self._rel_key, self._wsignal)
-
-    def _write_release_keys(self) -> tuple[str, ...]:
-        return (self._key, self._rel_key, self._wq_key, self._rq_key, self._signal, self._wsignal)
-
-    def _unwait_keys(self) -> tuple[str, ...]:
-        return (self._wq_key, self._key, self._rq_key, self._signal, self._wsignal)
+    # -- script calls in the background ------------------------------------------------
 
     def _unwait_call(self, owner: str, nonce: str) -> Call:
-        args = (f"{owner}#{nonce}", self._channel, self._wchannel)
-        return ("rw_unwait", self._unwait_keys(), args)
+        args = (f"{owner}#{nonce}", self._channel, self._names.wchannel)
+        return ("rw_unwait", self._names.unwait, args)
 
     def _write_replied(self, reply: Any, calls: tuple[Call, ...]) -> tuple[Call, ...]:
         """The undo of a write acquire whose reply came after its caller gave up
@@ -367,12 +344,18 @@ class ReadWriteLock(Primitive):
         engine = self._engine
         owner = engine.owner(task)
         lease_s = engine.lease if lease is None else lease
-        keys = (self._key, self._fence_key, self._wq_key, self._rq_key)
+        keys = self._names.acquire_read
         nonce = str(engine.attempt_id())
         args = (owner, to_ms(lease_s), engine.retention_ms, engine.id, nonce)
         # Unknown whether it ran: release this call's read hold, if any.
         undo = engine.undo(
-            (("rw_release_read", self._read_release_keys(), (owner, "", self._wchannel, nonce)),),
+            (
+                (
+                    "rw_release_read",
+                    self._names.release_read,
+                    (owner, "", self._names.wchannel, nonce),
+                ),
+            ),
             _read_replied,
         )
 
@@ -401,8 +384,8 @@ class ReadWriteLock(Primitive):
             sent,
             release=(
                 "rw_release_read",
-                self._read_release_keys(),
-                (owner, token, self._wchannel, nonce),
+                self._names.release_read,
+                (owner, token, self._names.wchannel, nonce),
             ),
             renew=("rw_renew", self._key, ("r", owner, token)),
             on_detach=state.hold_ended,
@@ -453,7 +436,7 @@ class ReadWriteLock(Primitive):
         loop = asyncio.get_running_loop()
         owner = engine.owner(task)
         lease_s = engine.lease if lease is None else lease
-        keys = (self._key, self._fence_key, self._wq_key)
+        keys = self._names.acquire_write
         lease_ms = to_ms(lease_s)
         nonce = str(engine.attempt_id())
         # Unknown whether it ran: drop this call's write hold and waiting entry, if any.
@@ -461,13 +444,13 @@ class ReadWriteLock(Primitive):
             (
                 (
                     "rw_release_write",
-                    self._write_release_keys(),
-                    (owner, "", self._channel, self._wchannel, nonce),
+                    self._names.release_write,
+                    (owner, "", self._channel, self._names.wchannel, nonce),
                 ),
             ),
             self._write_replied,
         )
-        entry = _WaitEntry(engine, self._wq_key, f"{owner}#{nonce}")
+        entry = _WaitEntry(engine, self._names.wq, f"{owner}#{nonce}")
 
         async def attempt() -> tuple[int | None, float | None]:
             sent = loop.time()
@@ -508,8 +491,8 @@ class ReadWriteLock(Primitive):
             sent,
             release=(
                 "rw_release_write",
-                self._write_release_keys(),
-                (owner, token, self._channel, self._wchannel, nonce),
+                self._names.release_write,
+                (owner, token, self._channel, self._names.wchannel, nonce),
             ),
             renew=("rw_renew", self._key, ("w", owner, token)),
             on_detach=state.hold_ended,
@@ -527,9 +510,11 @@ class ReadWriteLock(Primitive):
     async def _force(self, what: str) -> bool:
         engine = self._engine
         engine.enter()
-        keys = (self._key, self._wq_key, self._rq_key, self._signal, self._wsignal)
+        names = self._names
         evicted = int(
-            await engine.eval("rw_force_release", keys, (what, self._channel, self._wchannel))
+            await engine.eval(
+                "rw_force_release", names.force_release, (what, names.channel, names.wchannel)
+            )
         )
         state = self._local()
         if state is not None:
@@ -736,7 +721,7 @@ class WriteLock(_Side):
 
 def _new_state(core: ReadWriteLock) -> _RWState:
     """The local state of ``core``'s name (``Engine.state``'s factory)."""
-    return _RWState(core._engine, core._state_key)
+    return _RWState(core._engine, core._names.local)
 
 
 def _read_replied(reply: Any, calls: tuple[Call, ...]) -> tuple[Call, ...]:

@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .._core.errors import InvalidArgumentError, InvalidArgumentTypeError, LockNotOwnedError
+from .._core.keys import SemaphoreKeys
 from .._core.lease import Hold, Lease
 from .._core.validate import check_lease, check_timeout, to_ms
 from .base import (
@@ -200,22 +201,14 @@ class Semaphore(Primitive, LockLike[Permit]):
       idle.)
     """
 
-    __slots__ = (
-        "_entry_map",
-        "_fence_key",
-        "_holders_key",
-        "_permits",
-        "_released_key",
-        "_state_key",
-    )
+    __slots__ = ("_entry_map", "_permits")
+
+    _keys_type = SemaphoreKeys
+    _names: SemaphoreKeys
 
     def __init__(self, engine: Engine, name: str, permits: int) -> None:
         super().__init__(engine, name)
         self._permits = check_permits(permits)
-        self._holders_key = f"{self._key}:h"
-        self._released_key = f"{self._key}:r"
-        self._fence_key = f"{self._key}:fence"
-        self._state_key = f"{self._key}:sem"
         self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
 
     def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
@@ -268,7 +261,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         engine = self._engine
         loop = engine.enter()
         task = current_task()
-        state = engine.state(self._state_key, _new_state, self)
+        state = engine.state(self._names.local, _new_state, self)
         deadline = None if timeout is None else loop.time() + timeout
         state.active += 1
         try:
@@ -276,9 +269,6 @@ class Semaphore(Primitive, LockLike[Permit]):
         finally:
             state.active -= 1
             state.drop_if_idle()
-
-    def _release_keys(self) -> tuple[str, str, str, str]:
-        return (self._key, self._holders_key, self._released_key, self._signal)
 
     async def _compete(
         self,
@@ -294,11 +284,11 @@ class Semaphore(Primitive, LockLike[Permit]):
         owner = engine.owner(task)
         member = f"{permits}|{owner}:{engine.attempt_id()}"
         lease_s = engine.lease if lease is None else lease
-        keys = (self._key, self._holders_key, self._fence_key, self._signal)
+        keys = self._names.acquire
         claim_ms = engine.lease_ms if timeout_allows_wait else 0
         since_ms = 0  # when this acquisition first failed, by the server's clock
 
-        release_keys = self._release_keys()
+        release_keys = self._names.release
         release_args = (member, self._permits, engine.retention_ms, self._channel)
         claimed = False
         # Return whatever this member may hold, and drop its claim (not once
@@ -362,7 +352,7 @@ class Semaphore(Primitive, LockLike[Permit]):
             lease_s,
             sent,
             release=("sem_release", release_keys, release_args),
-            renew=("sem_renew", self._holders_key, (member,)),
+            renew=("sem_renew", self._names.holders, (member,)),
             on_detach=state.hold_ended,
         )
         permit = Permit(hold, permits)
@@ -430,7 +420,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         the release is on the wire, the release still completes.
         """
         self._engine.check_usable()
-        state: _SemState | None = self._engine.peek_state(self._state_key)
+        state: _SemState | None = self._engine.peek_state(self._names.local)
         task = asyncio.current_task()
         if state is not None:
             for hold in reversed(list(state.held)):
@@ -449,7 +439,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         engine.enter()
         reply = await engine.eval(
             "sem_state",
-            (self._key, self._holders_key, self._signal),
+            self._names.state,
             (self._permits, engine.retention_ms, self._channel),
         )
         return int(reply[0]), int(reply[1])
@@ -485,13 +475,13 @@ class Semaphore(Primitive, LockLike[Permit]):
         engine.enter()
         await engine.eval(
             "sem_set_permits",
-            (self._key, self._holders_key, self._signal),
+            self._names.state,
             (n, self._permits, engine.retention_ms, self._channel),
         )
         self._permits = n
 
     def __repr__(self) -> str:
-        state: _SemState | None = self._engine.peek_state(self._state_key)
+        state: _SemState | None = self._engine.peek_state(self._names.local)
         if state is None:
             return f"<Semaphore {self.name!r} N={self._permits}, nothing held here>"
         held = sum(p.permits for h in state.held for p in h.leases if isinstance(p, Permit))
@@ -503,7 +493,7 @@ class Semaphore(Primitive, LockLike[Permit]):
 
 def _new_state(semaphore: Semaphore) -> _SemState:
     """The local state of ``semaphore``'s name (``Engine.state``'s factory)."""
-    return _SemState(semaphore._engine, semaphore._state_key)
+    return _SemState(semaphore._engine, semaphore._names.local)
 
 
 def _sem_replied(reply: Any, calls: tuple[Call, ...]) -> tuple[Call, ...]:

@@ -46,6 +46,7 @@ from typing import Any, TextIO
 import redis
 import redis.asyncio as aioredis
 
+from aiolock._core.keys import main_key
 from aiolock.cli.embedded import NoServerBinaryError, Resolved, resolve
 
 __all__ = ["add_arguments", "run"]
@@ -525,7 +526,7 @@ def verify(
     left = [
         cfg.lock_name(i)
         for i in range(cfg.locks)
-        if admin.exists(f"{cfg.prefix}:{{{cfg.lock_name(i)}}}")
+        if admin.exists(main_key(cfg.prefix, cfg.lock_name(i)))
     ]
     holds = sum(f["holds"] for f in finals.values())
     waiting = sum(f["client_waiting"] for f in finals.values())

@@ -20,6 +20,11 @@
 --   mode   how to tell its Client: p (PUBLISH <prefix>:{<name>}:ch:<cid>),
 --          l (RPUSH <prefix>:{<name>}:sig:<cid>), x (not at all: it polls)
 --
+-- Those two names depend on the cid found in the queue, so the scripts get
+-- them as templates in ARGV (ch_prefix = "<prefix>:{<name>}:ch:", sig_prefix =
+-- "<prefix>:{<name>}:sig:") and append the cid; the Client listens on the
+-- same template + its id (aiolock/_core/keys.py, FairKeys).
+--
 -- UNDECLARED KEY: the list-mode signal list <prefix>:{<name>}:sig:<cid> of the
 -- Client being told is computed here from the wid: who that is only becomes
 -- known inside the script, so it cannot be passed in KEYS. It carries the same

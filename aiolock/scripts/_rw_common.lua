@@ -29,7 +29,8 @@
 --   <prefix>:{<name>}:rq     zset: Clients with parked readers (client id -> expiry ms);
 --                            a write release pushes one list-mode wake-up per Client
 --   <prefix>:{<name>}:signal, :wsignal   list-mode wake-ups of readers, of writers
--- Channels (ARGV): <prefix>:{<name>}:ch (readers, "*"), <prefix>:{<name>}:wch (writers, "1").
+-- Channels (ARGV, never built here: aiolock/_core/keys.py, RWKeys):
+--   <prefix>:{<name>}:ch (readers, "*"), <prefix>:{<name>}:wch (writers, "1").
 --@include _notify.lua
 
 local RW_WRONG_KIND = 'AIOLOCK another kind of lock uses this name (not a read-write lock)'
@@ -201,4 +202,17 @@ end
 -- Wake one waiting writer.
 local function rw_wake_writer(channel, signal_key)
     notify(channel, signal_key, '1', 1)
+end
+
+-- Holds were dropped and rw_settle answered `mode`: wake every parked reader
+-- unless a writer holds the lock or waits for it, and one waiting writer if
+-- the lock is free. (Names: waiting writers, parked readers, the readers'
+-- channel and signal list, the writers' channel and signal list.)
+local function rw_wake_after(mode, now, wq, rq, channel, signal, wchannel, wsignal)
+    if mode ~= 'write' and rw_zlive(wq, now) == 0 then
+        rw_wake_readers(rq, channel, signal, now)
+    end
+    if not mode then
+        rw_wake_writer(wchannel, wsignal)
+    end
 end

@@ -15,7 +15,9 @@
 --
 -- When the lock becomes free (release, force release, a waiter leaving), the
 -- entry that lapses first (roughly: the task that has waited longest) is
--- popped, and on that Client's own channel <lock key>:w:<client id>:
+-- popped, and on that Client's own channel <lock key>:w:<client id> (built
+-- from the template wait_prefix = "<lock key>:w:" the script gets in ARGV:
+-- wait_prefix .. client id, see aiolock/_core/keys.py, LockKeys):
 --   * grant_ms > 0: the lock is granted to that task in the same script (hash
 --     {owner: 1, "~fence": token, "~a": attempt}, TTL grant_ms, GRANT_RESERVE
 --     tokens reserved) and "g <token> <reserve> <member>" is published: the
@@ -57,8 +59,9 @@ end
 -- The lock `lock` is free: grant it to (or wake) the next registered task.
 -- `untargeted`: tasks that are not in the waiting set wait too (the freed
 -- hash had "~n", see acquire.lua); a granted hash carries the flag on, so
--- its release wakes them. Returns true if the lock was granted.
-local function wake_next(lock, fence, wq, retention_ms, untargeted)
+-- its release wakes them. `wait_prefix`: the template of a Client's channel.
+-- Returns true if the lock was granted.
+local function wake_next(lock, fence, wq, retention_ms, untargeted, wait_prefix)
     if redis.call('EXISTS', wq) == 0 then
         return false
     end
@@ -71,7 +74,7 @@ local function wake_next(lock, fence, wq, retention_ms, untargeted)
         redis.call('ZREM', wq, member)
         local owner, attempt, grant_ms = wake_parse(member)
         if owner then
-            local channel = lock .. ':w:' .. string.match(owner, '^%x+')
+            local channel = wait_prefix .. string.match(owner, '^%x+')
             if grant_ms == '0' then
                 if redis.call('PUBLISH', channel, '1') > 0 then
                     return false

@@ -9,7 +9,7 @@
 -- ARGV[4]  retention_ms TTL of the fence hash
 -- ARGV[5]  join         "1": queue up if it must wait; "0": do not (the last try
 --                       at a deadline), and leave the queue if in it
--- ARGV[6]  channel prefix  <prefix>:{<name>}:ch:   (+ cid: a Client's channel)
+-- ARGV[6]  channel prefix  <prefix>:{<name>}:ch:   (template: + cid is a Client's channel)
 -- ARGV[7]  signal prefix   <prefix>:{<name>}:sig:  (+ cid: a Client's list; undeclared)
 --
 -- Returns {1, token} when wid holds the lock after the call: granted now (the

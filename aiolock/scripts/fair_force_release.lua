@@ -5,7 +5,7 @@
 -- KEYS[2]  fence hash   <prefix>:{<name>}:fence
 -- KEYS[3]  queue zset   <prefix>:{<name>}:q      (layout: _fair_queue.lua)
 -- ARGV[1]  retention_ms TTL of the fence hash
--- ARGV[2]  channel prefix  <prefix>:{<name>}:ch:
+-- ARGV[2]  channel prefix  <prefix>:{<name>}:ch:   (template: + cid is a Client's channel)
 -- ARGV[3]  signal prefix   <prefix>:{<name>}:sig:  (undeclared list key, same slot)
 --
 -- Returns 1 if a hold was deleted, 0 if the lock was free. The evicted hold is

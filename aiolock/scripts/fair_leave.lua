@@ -7,7 +7,7 @@
 -- KEYS[3]  queue zset   <prefix>:{<name>}:q      (layout: _fair_queue.lua)
 -- ARGV[1]  wid          waiter id of the acquire call
 -- ARGV[2]  retention_ms TTL of the fence hash
--- ARGV[3]  channel prefix  <prefix>:{<name>}:ch:
+-- ARGV[3]  channel prefix  <prefix>:{<name>}:ch:   (template: + cid is a Client's channel)
 -- ARGV[4]  signal prefix   <prefix>:{<name>}:sig:  (undeclared list key, same slot)
 --
 -- Returns 1 if wid was queued or held the lock, 0 if it left no trace.

@@ -7,7 +7,7 @@
 -- ARGV[1]  wid          the holder's waiter id
 -- ARGV[2]  token        fencing token of the hold
 -- ARGV[3]  retention_ms TTL of the fence hash
--- ARGV[4]  channel prefix  <prefix>:{<name>}:ch:
+-- ARGV[4]  channel prefix  <prefix>:{<name>}:ch:   (template: + cid is a Client's channel)
 -- ARGV[5]  signal prefix   <prefix>:{<name>}:sig:  (a list-mode Client's list is
 --                          computed from it: an undeclared key, same slot)
 --

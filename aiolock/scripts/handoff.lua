@@ -14,8 +14,10 @@
 --                       row: then, if another Client's task is waiting (the
 --                       acquire script flags the lock hash with "~w"), release
 --                       normally instead, so that the other Client gets a turn
--- ARGV[7]  channel      pub/sub channel of the lock
--- ARGV[8]  reserve      fencing tokens to reserve for this Client (see _fence.lua)
+-- ARGV[7]  channel      pub/sub channel of the lock <prefix>:{<name>}:ch
+-- ARGV[8]  wait_prefix  <prefix>:{<name>}:w: the template of a Client's own channel
+--                       (+ client id, see _wake.lua)
+-- ARGV[9]  reserve      fencing tokens to reserve for this Client (see _fence.lua)
 --
 -- Returns {1, token} when the lock was handed over: next_owner holds it with a
 --   new fencing token, nobody is woken (the lock stayed held).
@@ -24,24 +26,19 @@
 -- Returns {0} when the owner no longer held it (expired or force-released).
 -- Either way (1 or 2) the fence hash records the token as released, so a
 -- retried plain release of the same hold answers 2 ("already released").
---@include _notify.lua
---@include _wake.lua
+--@include _free.lua
 --@include _types.lua
 check_types(KEYS, 'hash', 'hash', 'list', 'zset')
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 or redis.call('HGET', KEYS[1], '~fence') ~= ARGV[2] then
     return {0}
 end
-redis.call('HSET', KEYS[2], 'r', ARGV[2])
 if ARGV[6] == '1' and redis.call('HEXISTS', KEYS[1], '~w') == 1 then
     local untargeted = redis.call('HEXISTS', KEYS[1], '~n') == 1
-    redis.call('DEL', KEYS[1])
-    redis.call('PEXPIRE', KEYS[2], ARGV[5])
-    if not wake_next(KEYS[1], KEYS[2], KEYS[4], ARGV[5], untargeted) and untargeted then
-        notify(ARGV[7], KEYS[3], '1', 1)
-    end
+    free_lock(KEYS, ARGV[2], ARGV[5], untargeted, ARGV[7], ARGV[8])
     return {2}
 end
-local token = next_token(KEYS[2], ARGV[5], ARGV[8])
+redis.call('HSET', KEYS[2], 'r', ARGV[2])
+local token = next_token(KEYS[2], ARGV[5], ARGV[9])
 redis.call('HDEL', KEYS[1], ARGV[1], '~a') -- the handed hold is no acquire attempt's
 redis.call('HSET', KEYS[1], ARGV[3], 1, '~fence', string.format('%d', token))
 redis.call('PEXPIRE', KEYS[1], ARGV[4])

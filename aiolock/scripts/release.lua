@@ -6,13 +6,15 @@
 -- KEYS[4]  waiting set  <prefix>:{<name>}:wq       (targeted wake-ups, see _wake.lua)
 -- ARGV[1]  owner        "<client id>:<task serial>"
 -- ARGV[2]  token        fencing token of the hold, or "": the hold taken by the acquire
---                       attempt ARGV[5] (the undo of an attempt whose reply was lost)
--- ARGV[3]  channel      pub/sub channel of the lock: "1" (wake one) is sent on it and
---                       pushed onto the signal list when the lock ends free and a
---                       waiter that is not registered flagged it ("~n": list and
---                       poll modes, spin and multi-locks)
--- ARGV[4]  retention_ms TTL of the fence hash
--- ARGV[5]  attempt      (only read when token is ""): the attempt id the hold must
+--                       attempt ARGV[6] (the undo of an attempt whose reply was lost)
+-- ARGV[3]  channel      pub/sub channel of the lock <prefix>:{<name>}:ch: "1" (wake
+--                       one) is sent on it and pushed onto the signal list when the
+--                       lock ends free and a waiter that is not registered flagged
+--                       it ("~n": list and poll modes, spin and multi-locks)
+-- ARGV[4]  wait_prefix  <prefix>:{<name>}:w: the template of a Client's own channel
+--                       (+ client id, see _wake.lua)
+-- ARGV[5]  retention_ms TTL of the fence hash
+-- ARGV[6]  attempt      (only read when token is ""): the attempt id the hold must
 --                       carry in "~a" (see acquire.lua), or "" for a hold that
 --                       carries none (one handed over locally, see handoff.lua).
 --                       A hold of the same owner from another attempt (the same
@@ -24,27 +26,20 @@
 --   owner and token (a retry after a lost reply): nothing changes.
 -- Returns 0 if the owner does not hold the lock (expired, force-released, or
 --   taken by another owner since): nothing changes.
---@include _notify.lua
---@include _wake.lua
+--@include _free.lua
 --@include _types.lua
 check_types(KEYS, 'hash', 'hash', 'list', 'zset')
 -- One read of the hash: the owner's entry, the hold's token, the flag, the attempt.
 local hold = redis.call('HMGET', KEYS[1], ARGV[1], '~fence', '~n', '~a')
 local token = ARGV[2]
 local holder = hold[1] ~= false
-    and (hold[2] == token or (token == '' and (hold[4] or '') == ARGV[5]))
+    and (hold[2] == token or (token == '' and (hold[4] or '') == ARGV[6]))
 if holder then
     token = hold[2]
-    local untargeted = hold[3] ~= false
-    redis.call('DEL', KEYS[1])
-    redis.call('HSET', KEYS[2], 'r', token)
     if tonumber(redis.call('HGET', KEYS[2], 't') or '0') < tonumber(token) then
         redis.call('HSET', KEYS[2], 't', token)
     end
-    redis.call('PEXPIRE', KEYS[2], ARGV[4])
-    if not wake_next(KEYS[1], KEYS[2], KEYS[4], ARGV[4], untargeted) and untargeted then
-        notify(ARGV[3], KEYS[3], '1', 1)
-    end
+    free_lock(KEYS, token, ARGV[5], hold[3] ~= false, ARGV[3], ARGV[4])
     return 1
 end
 if token ~= '' and redis.call('HGET', KEYS[2], 'r') == token then

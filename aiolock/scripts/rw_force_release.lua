@@ -41,11 +41,5 @@ end
 if evicted == 0 then
     return 0
 end
-local mode = rw_settle(key)
-if mode ~= 'write' and rw_zlive(KEYS[2], now) == 0 then
-    rw_wake_readers(KEYS[3], ARGV[2], KEYS[4], now)
-end
-if not mode then
-    rw_wake_writer(ARGV[3], KEYS[5])
-end
+rw_wake_after(rw_settle(key), now, KEYS[2], KEYS[3], ARGV[2], KEYS[4], ARGV[3], KEYS[5])
 return 1

@@ -33,13 +33,7 @@ local unwaited = nonce ~= '' and redis.call('ZREM', KEYS[3], owner .. '#' .. non
 if rw_is_writer(key, owner, token, nonce) then
     rw_remember(KEYS[2], redis.call('HGET', key, 'wt'))
     rw_drop_writer(key)
-    local mode = rw_settle(key)
-    if rw_zlive(KEYS[3], now) == 0 then
-        rw_wake_readers(KEYS[4], ARGV[3], KEYS[5], now)
-    end
-    if not mode then
-        rw_wake_writer(ARGV[4], KEYS[6])
-    end
+    rw_wake_after(rw_settle(key), now, KEYS[3], KEYS[4], ARGV[3], KEYS[5], ARGV[4], KEYS[6])
     return 1
 end
 if unwaited and redis.call('HEXISTS', key, 'w') == 0 and rw_zlive(KEYS[3], now) == 0 then
