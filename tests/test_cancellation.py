@@ -15,7 +15,7 @@ import pytest
 
 from aiolock import Client, Lease
 from aiolock._core.listener import Channel
-from tests.core_util import assert_clean, block_until, cancel_at_random, eventually
+from tests.core_util import assert_clean, cancel_at_random, eventually
 from tests.servers import RedisServer
 
 
@@ -40,7 +40,9 @@ async def test_cancel_after_script_ran_before_reply_read(
     task = asyncio.create_task(lock.acquire())
     await asyncio.sleep(0)  # the acquire is now on the wire
     # Block the loop until the script ran: the reply arrives, unread.
-    block_until(lambda: server.execute("EXISTS", "c:{late}:fence") == 1, what="the script")
+    await eventually(
+        lambda: server.execute("EXISTS", "c:{late}:fence") == 1, block_loop=True, what="the script"
+    )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

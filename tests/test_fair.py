@@ -35,7 +35,6 @@ from aiolock._core.notify import ListWaiter
 from aiolock._primitives.fair import FairLock, _FairState
 from tests.core_util import (
     assert_clean,
-    block_until,
     blocked_clients,
     cancel_at_random,
     eventually,
@@ -96,19 +95,17 @@ def queued(server: RedisServer, name: str) -> list[str]:
 async def enqueue(lock: FairLock, coro: Any, count: int) -> asyncio.Task[Any]:
     """Start ``coro`` as a task and wait until the queue holds ``count`` entries."""
     task = asyncio.create_task(coro)
-    await eventually_async(lambda: lock.queue_length(), count)
+    await queue_reaches(lock, count)
     return task
 
 
-async def eventually_async(
-    probe: Callable[[], Any], expected: object, *, timeout: float = 10.0
-) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while (value := await probe()) != expected:
-        if loop.time() > deadline:
-            raise AssertionError(f"expected {expected!r}, still {value!r} after {timeout} s")
-        await asyncio.sleep(0.002)
+async def queue_reaches(lock: FairLock, count: int, *, timeout: float = 10.0) -> None:
+    """Wait until the queue of ``lock`` holds exactly ``count`` entries."""
+
+    async def reached() -> bool:
+        return await lock.queue_length() == count
+
+    await eventually(reached, timeout=timeout, what=f"{count} entries in the queue")
 
 
 def parked(client: Client) -> int:
@@ -249,7 +246,7 @@ async def test_strict_fifo_across_clients(clients: list[Client], server: RedisSe
     tasks = [await enqueue(locks[0], contender(i), i + 1) for i in range(9)]
     # A burst from one Client, created back to back: pipelined, they keep their order.
     tasks += [asyncio.create_task(contender(9 + 3 * k)) for k in range(4)]
-    await eventually_async(locks[0].queue_length, 13)
+    await queue_reaches(locks[0], 13)
     assert [w.split(":")[0] for w in queued(server, "fifo")][:3] == [c.id for c in clients]
     await holder.release()
     await asyncio.wait_for(asyncio.gather(*tasks), 20)
@@ -302,7 +299,7 @@ async def test_handoff_wakes_only_the_next_waiter(
             await lease.release()
 
         tasks = [asyncio.create_task(waiter(i)) for i in range(waiting)]
-        await eventually_async(locks[0].queue_length, waiting)
+        await queue_reaches(locks[0], waiting)
         waiting_clients = clients[: min(waiting, 4)]
 
         def all_parked() -> bool:  # every waiter parked, every subscription / BLPOP live
@@ -343,7 +340,7 @@ async def test_many_local_waiters_cost_one_subscription_and_one_renewal(
     a, b = make(), make(lease=SHORT)
     holder = await a.fair_lock("crowd").acquire()
     tasks = [asyncio.create_task(b.fair_lock("crowd").acquire()) for _ in range(30)]
-    await eventually_async(a.fair_lock("crowd").queue_length, 30)
+    await queue_reaches(a.fair_lock("crowd"), 30)
     await eventually(lambda: b.statistics().waiting == 30, what="30 waiters queued")
     stats = b.statistics()
     assert stats.waiting == 30 and stats.watched == 1
@@ -392,7 +389,7 @@ async def test_crashed_waiter_delays_the_queue_at_most_one_lease(
         sys.executable, "-c", _CRASHER, url, PREFIX, str(lease), a.notify, cwd=os.getcwd()
     )
     try:
-        await eventually_async(lock.queue_length, 1, timeout=20)
+        await queue_reaches(lock, 1, timeout=20)
         survivor = await enqueue(lock, b.fair_lock("crash").acquire(), 2)
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -443,7 +440,7 @@ async def test_waiter_queues_up_again_if_its_entry_vanished(
     holder = await lock.acquire()
     waiter = await enqueue(lock, b.fair_lock("lapse").acquire(), 1)
     server.execute("DEL", f"{PREFIX}:{{lapse}}:q")  # as if its liveness had lapsed
-    await eventually_async(lock.queue_length, 1)  # the watchdog saw it: queued again
+    await queue_reaches(lock, 1)  # the watchdog saw it: queued again
     await holder.release()
     got = await asyncio.wait_for(waiter, 10)
     await got.release()
@@ -495,7 +492,7 @@ async def test_cancelled_waiter_leaves_the_queue_at_once(
     gone = queued(server, "leave")[1]
     w2.cancel()
     started = time.monotonic()
-    await eventually_async(lock.queue_length, 2)
+    await queue_reaches(lock, 2)
     assert time.monotonic() - started < a.lease / 3  # not after a lease (30 s)
     assert gone not in queued(server, "leave")
     await holder.release()
@@ -523,7 +520,11 @@ async def test_waiter_cancelled_after_the_handoff_passes_the_lock_on(
     await asyncio.sleep(0)  # the release is on the wire
     # Block the loop until Redis has handed the lock to `first` (a token issued) ...
     fence = f"{PREFIX}:{{pass}}:fence"
-    block_until(lambda: int(server.execute("HGET", fence, "t")) > holder.fencing_token)
+    await eventually(
+        lambda: int(server.execute("HGET", fence, "t")) > holder.fencing_token,
+        block_loop=True,
+        what="a token issued to `first`",
+    )
     first.cancel()  # ... which gives up before it could confirm it
     started = time.monotonic()
     await release
@@ -547,7 +548,11 @@ async def test_cancel_after_grant_before_reply_read(
     task = asyncio.create_task(lock.acquire())
     await asyncio.sleep(0)  # the script is on the wire
     # Block the loop until Redis granted it: the reply arrives, unread.
-    block_until(lambda: server.execute("EXISTS", f"{PREFIX}:{{late}}") == 1)
+    await eventually(
+        lambda: server.execute("EXISTS", f"{PREFIX}:{{late}}") == 1,
+        block_loop=True,
+        what="the grant",
+    )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -585,7 +590,7 @@ async def test_closing_a_client_takes_its_waiters_out(
     await b.aclose()
     with pytest.raises(ClientClosedError):
         await doomed
-    await eventually_async(c.fair_lock("close").queue_length, 1)
+    await queue_reaches(c.fair_lock("close"), 1)
     await a.aclose()  # the holder's Client: its hold is released, and handed on
     assert holder.lost
     lease = await asyncio.wait_for(later, a.lease / 3)  # at once, not after a 30 s lease

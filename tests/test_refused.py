@@ -288,11 +288,10 @@ async def plant(r: aioredis.Redis, key: str, kind: str) -> None:
 
 async def settled(*clients: Client) -> None:
     """Nothing of these Clients is on the wire or running in the background."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while any(c.statistics().in_flight or c.statistics().background for c in clients):
-        assert loop.time() < deadline, "the Clients did not settle"
-        await asyncio.sleep(0.005)
+    await eventually(
+        lambda: not any(c.statistics().in_flight or c.statistics().background for c in clients),
+        what="the Clients to settle",
+    )
 
 
 def names_key(exc: BaseException, key: str) -> bool:

@@ -32,7 +32,6 @@ from aiolock._client import Notify
 from aiolock._primitives.rwlock import ReadLock, ReadWriteLock, WriteLock
 from tests.core_util import (
     assert_clean,
-    block_until,
     cancel_at_random,
     evalsha_calls,
     eventually,
@@ -557,7 +556,11 @@ async def test_cancel_after_script_ran_before_reply_read(
         await asyncio.sleep(0)  # the acquire is now on the wire
         # Block the loop until the script ran: the reply arrives, unread.
         fence = f"rw:{{{name}}}:fence"
-        block_until(lambda fence=fence: server.execute("EXISTS", fence) == 1, what="the script")
+        await eventually(
+            lambda fence=fence: server.execute("EXISTS", fence) == 1,
+            block_loop=True,
+            what="the script",
+        )
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

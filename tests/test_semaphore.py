@@ -23,7 +23,7 @@ from aiolock import (
     LockNotOwnedError,
 )
 from aiolock._primitives.semaphore import Permit, Semaphore
-from tests.core_util import assert_clean, block_until, cancel_at_random, eventually
+from tests.core_util import assert_clean, cancel_at_random, eventually
 from tests.servers import RedisServer
 
 NOTIFY = ("pubsub", "list", "poll")
@@ -499,7 +499,9 @@ async def test_cancel_after_the_grant_before_the_reply_was_read(
     task = asyncio.create_task(sem.acquire(2))
     await asyncio.sleep(0)  # the acquire is on the wire
     # Block the loop until the script ran: the reply arrives, unread.
-    block_until(lambda: server.execute("EXISTS", "s:{late}:fence") == 1)
+    await eventually(
+        lambda: server.execute("EXISTS", "s:{late}:fence") == 1, block_loop=True, what="the script"
+    )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

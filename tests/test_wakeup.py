@@ -22,7 +22,7 @@ import pytest
 
 from aiolock import Client, ClientClosedError, Lease
 from aiolock._core.notify import ListWaiter
-from tests.core_util import assert_clean, block_until, evalsha_calls, eventually
+from tests.core_util import assert_clean, evalsha_calls, eventually
 from tests.servers import RedisServer, TcpProxy
 
 PREFIX = "wk"
@@ -138,7 +138,9 @@ async def test_a_wake_up_aimed_at_a_client_that_gave_up_is_passed_on(
     release = asyncio.create_task(held.release())
     await asyncio.sleep(0)  # the release is on the wire
     # Block the loop: Redis runs the release and aims the wake-up at `target` ...
-    block_until(lambda: evalsha_calls(server) > calls, what="the release script")
+    await eventually(
+        lambda: evalsha_calls(server) > calls, block_loop=True, what="the release script"
+    )
     # ... which gives up before it could try.
     if how == "cancelled":
         tasks[i].cancel()
@@ -237,7 +239,9 @@ async def test_a_grant_to_a_task_that_gave_up_goes_to_the_next_local_task(
     release = asyncio.create_task(held.release())
     await asyncio.sleep(0)  # the release is on the wire
     # Block the loop until Redis ran the release (it grants the lock to `head`).
-    block_until(lambda: evalsha_calls(server) > calls, what="the release script")
+    await eventually(
+        lambda: evalsha_calls(server) > calls, block_loop=True, what="the release script"
+    )
     head.cancel()
     started = loop.time()
     await release
