@@ -8,13 +8,12 @@ the crashed waiter is a real process, killed with SIGKILL.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack
 from typing import Any
 
 import pytest
@@ -33,6 +32,7 @@ from aiolock import (
 from aiolock._core.listener import WAKE_ALL, Channel
 from aiolock._core.notify import ListWaiter
 from aiolock._primitives.fair import FairLock, _FairState
+from tests.conftest import MakeClient
 from tests.core_util import (
     assert_clean,
     blocked_clients,
@@ -43,7 +43,6 @@ from tests.core_util import (
 from tests.servers import RedisServer
 
 PREFIX = "f"
-NOTIFY = ("pubsub", "list", "poll")
 #: Poll-mode waiters notice a handoff within this (the default caps at 0.5 s).
 FAST_POLL = Backoff(initial=0.002, maximum=0.05)
 #: The shortest lease of a Client whose watchdog must keep a hold or a queue
@@ -53,37 +52,17 @@ FAST_POLL = Backoff(initial=0.002, maximum=0.05)
 SHORT = 4.5
 
 
-@pytest.fixture(params=NOTIFY)
-def notify(request: pytest.FixtureRequest) -> str:
-    mode: str = request.param
-    return mode
-
-
-MakeClient = Callable[..., Client]
-
-
 @pytest.fixture
-async def make(url: str, notify: str) -> AsyncIterator[MakeClient]:
-    """``make(lease=...)``: a started Client (one "process"), closed after the test."""
-    async with AsyncExitStack() as stack:
-
-        def factory(lease: float = 30.0) -> Client:
-            client = Client.from_url(
-                url,
-                prefix=PREFIX,
-                lease=lease,
-                notify=notify,  # type: ignore[arg-type]
-                backoff=FAST_POLL,
-            )
-            stack.push_async_callback(client.aclose)
-            return client
-
-        yield factory
+def make(make_client: MakeClient, notify: str) -> MakeClient:
+    """``await make(lease=...)``: a started Client (one "process"), closed after the test."""
+    return functools.partial(
+        make_client, prefix=PREFIX, lease=30.0, notify=notify, backoff=FAST_POLL
+    )
 
 
 @pytest.fixture
 async def clients(make: MakeClient) -> list[Client]:
-    return [make() for _ in range(3)]
+    return [await make() for _ in range(3)]
 
 
 def queued(server: RedisServer, name: str) -> list[str]:
@@ -284,7 +263,7 @@ async def test_handoff_wakes_only_the_next_waiter(
     # No watchdog round and no list-mode self-check (every PARK_MAX) may fall
     # into the measured window, however slowly a loaded machine gets through it.
     monkeypatch.setattr(ListWaiter, "PARK_MAX", 600.0)
-    clients = [make(lease=600) for _ in range(4)]
+    clients = [await make(lease=600) for _ in range(4)]
     locks = [c.fair_lock("cost") for c in clients]
 
     async def one_handoff(waiting: int) -> dict[str, int]:
@@ -337,7 +316,7 @@ async def test_handoff_wakes_only_the_next_waiter(
 async def test_many_local_waiters_cost_one_subscription_and_one_renewal(
     make: MakeClient,
 ) -> None:
-    a, b = make(), make(lease=SHORT)
+    a, b = await make(), await make(lease=SHORT)
     holder = await a.fair_lock("crowd").acquire()
     tasks = [asyncio.create_task(b.fair_lock("crowd").acquire()) for _ in range(30)]
     await queue_reaches(a.fair_lock("crowd"), 30)
@@ -382,7 +361,7 @@ async def test_crashed_waiter_delays_the_queue_at_most_one_lease(
     lease = 6.0
     # The holder's Client has a long lease: the survivor's own bound (the holder's
     # TTL) is then 30 s, and only the "check back" message gets it going in time.
-    a, b = make(lease=30), make(lease=lease)
+    a, b = await make(lease=30), await make(lease=lease)
     lock = a.fair_lock("crash")
     holder = await lock.acquire()
     proc = await asyncio.create_subprocess_exec(
@@ -413,7 +392,7 @@ async def test_crashed_waiter_delays_the_queue_at_most_one_lease(
 async def test_live_waiter_is_never_dropped(make: MakeClient, server: RedisServer) -> None:
     """Waiting for many leases: the watchdog keeps the entries alive, the order holds."""
     lease = SHORT
-    a, b, c = make(), make(lease=lease), make(lease=lease)
+    a, b, c = await make(), await make(lease=lease), await make(lease=lease)
     lock = a.fair_lock("patient")
     holder = await lock.acquire()
     first = await enqueue(lock, b.fair_lock("patient").acquire(), 1)
@@ -435,7 +414,7 @@ async def test_live_waiter_is_never_dropped(make: MakeClient, server: RedisServe
 async def test_waiter_queues_up_again_if_its_entry_vanished(
     make: MakeClient, server: RedisServer
 ) -> None:
-    a, b = make(), make(lease=SHORT)
+    a, b = await make(), await make(lease=SHORT)
     lock = a.fair_lock("lapse")
     holder = await lock.acquire()
     waiter = await enqueue(lock, b.fair_lock("lapse").acquire(), 1)
@@ -582,7 +561,7 @@ async def test_timeouts_leave_no_entry(clients: list[Client], server: RedisServe
 async def test_closing_a_client_takes_its_waiters_out(
     make: MakeClient, server: RedisServer
 ) -> None:
-    a, b, c = make(), make(), make()
+    a, b, c = await make(), await make(), await make()
     lock = a.fair_lock("close")
     holder = await lock.acquire()
     doomed = await enqueue(lock, b.fair_lock("close").acquire(), 1)
@@ -605,7 +584,7 @@ async def test_closing_a_client_takes_its_waiters_out(
 async def test_lost_lease_cancels_the_body_and_the_next_waiter_gets_it(
     make: MakeClient,
 ) -> None:
-    a, b, c = make(lease=SHORT), make(lease=SHORT), make()
+    a, b, c = await make(lease=SHORT), await make(lease=SHORT), await make()
     lock = a.fair_lock("lost")
     reached_end = False
     next_up = None
@@ -624,7 +603,7 @@ async def test_lost_lease_cancels_the_body_and_the_next_waiter_gets_it(
 
 
 async def test_fixed_lease_expires_and_the_queue_moves_on(make: MakeClient) -> None:
-    a, b = make(), make(lease=SHORT)
+    a, b = await make(), await make(lease=SHORT)
     lock = a.fair_lock("fixed")
     # The fixed lease outlasts queueing the waiter even on a stalled machine.
     with pytest.raises(LockLostError, match="fixed lease"):

@@ -15,13 +15,13 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
 import pytest
 
 from aiolock import Client, ClientClosedError, Lease
 from aiolock._core.notify import ListWaiter
+from tests.conftest import MakeClient
 from tests.core_util import assert_clean, evalsha_calls, eventually
 from tests.servers import RedisServer, TcpProxy
 
@@ -32,13 +32,8 @@ LEASE = 60.0
 
 
 @pytest.fixture
-async def clients(url: str) -> AsyncIterator[list[Client]]:
-    async with AsyncExitStack() as stack:
-        made = [
-            await stack.enter_async_context(Client.from_url(url, prefix=PREFIX, lease=LEASE))
-            for _ in range(5)
-        ]
-        yield made
+async def clients(make_client: MakeClient) -> list[Client]:
+    return [await make_client(prefix=PREFIX, lease=LEASE) for _ in range(5)]
 
 
 def waiting_set(server: RedisServer, name: str) -> list[str]:
