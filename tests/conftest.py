@@ -260,6 +260,12 @@ async def other_client(make_client: MakeClient, other_client_options: dict[str, 
     return await make_client(**other_client_options)
 
 
+@pytest.fixture
+async def third_client(make_client: MakeClient, other_client_options: dict[str, Any]) -> Client:
+    """A third Client, with ``other_client_options``."""
+    return await make_client(**other_client_options)
+
+
 @pytest.fixture(params=NOTIFY_MODES)
 def notify(request: pytest.FixtureRequest) -> str:
     """A notify mode (params: pubsub, list, poll), for the modules whose

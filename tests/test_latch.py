@@ -19,7 +19,6 @@ from aiolock import (
     LockTimeoutError,
 )
 from aiolock._primitives.latch import Latch
-from tests.conftest import MakeClient
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
 
@@ -30,37 +29,34 @@ def client_options(notify: str) -> dict[str, Any]:
     return {"prefix": "d", "lease": 30, "notify": notify}
 
 
-@pytest.fixture
-async def third(make_client: MakeClient, client_options: dict[str, Any]) -> Client:
-    return await make_client(**client_options)
-
-
 def parked(*clients: Client) -> int:
     return sum(c.statistics().waiting for c in clients)
 
 
 async def test_zero_wakes_every_waiter_on_every_client(
-    client: Client, other_client: Client, third: Client
+    client: Client, other_client: Client, third_client: Client
 ) -> None:
     latch = client.latch("go", 2)
     assert isinstance(latch, Latch)
     assert await latch.try_set_count()
     waiters = [
         asyncio.create_task(c.latch("go", 0).wait())
-        for c in (client, other_client, third)
+        for c in (client, other_client, third_client)
         for _ in range(3)
     ]
-    await eventually(lambda: parked(client, other_client, third) == 9, what="9 parked waiters")
+    await eventually(
+        lambda: parked(client, other_client, third_client) == 9, what="9 parked waiters"
+    )
     assert await other_client.latch("go", 0).count_down() == 1
     await asyncio.sleep(0.1)
     assert not any(t.done() for t in waiters), "one count down is not zero"
     loop = asyncio.get_running_loop()
     opened = loop.time()
-    assert await third.latch("go", 0).count_down() == 0
+    assert await third_client.latch("go", 0).count_down() == 0
     assert await asyncio.wait_for(asyncio.gather(*waiters), 10) == [True] * 9
     assert loop.time() - opened < 5, "woken by the opening, not by the 30 s re-check"
     assert await latch.count() == 0
-    await assert_clean(client, other_client, third)
+    await assert_clean(client, other_client, third_client)
 
 
 async def test_wait_after_zero_and_on_a_latch_never_set_returns_at_once(

@@ -23,7 +23,6 @@ from aiolock import (
     LockNotOwnedError,
 )
 from aiolock._primitives.semaphore import Permit, Semaphore
-from tests.conftest import MakeClient
 from tests.core_util import assert_clean, cancel_at_random, eventually
 from tests.servers import RedisServer
 
@@ -42,11 +41,6 @@ def client_options(notify: str) -> dict[str, Any]:
 def other_client_options(notify: str) -> dict[str, Any]:
     # A long lease: waiters that are not woken would wait (up to) 30 s.
     return {"prefix": "s", "lease": 30, "notify": notify}
-
-
-@pytest.fixture
-async def third(make_client: MakeClient, other_client_options: dict[str, Any]) -> Client:
-    return await make_client(**other_client_options)
 
 
 def redis_state(server: RedisServer, name: str) -> tuple[int, list[str], str | None]:
@@ -170,7 +164,7 @@ async def test_bad_input_is_refused_before_any_round_trip(client: Client) -> Non
 
 
 async def test_never_more_than_n_holders_across_clients(
-    client: Client, other_client: Client, third: Client, server: RedisServer
+    client: Client, other_client: Client, third_client: Client, server: RedisServer
 ) -> None:
     n = 3
     in_use = 0
@@ -192,12 +186,15 @@ async def test_never_more_than_n_holders_across_clients(
                 in_use -= k
 
     await asyncio.wait_for(
-        asyncio.gather(*(worker(c) for c in (client, other_client, third) for _ in range(3))), 30
+        asyncio.gather(
+            *(worker(c) for c in (client, other_client, third_client) for _ in range(3))
+        ),
+        30,
     )
     assert peak == n, "the test never reached contention"
     assert len(set(tokens)) == len(tokens) == 27
     assert_nothing_held(server, "n")
-    await assert_clean(client, other_client, third)
+    await assert_clean(client, other_client, third_client)
 
 
 async def test_try_acquire_never_blocks(
@@ -268,15 +265,16 @@ async def test_available_and_set_permits_while_held(
 
 
 async def test_release_of_k_permits_wakes_k_waiters(
-    client: Client, other_client: Client, third: Client
+    client: Client, other_client: Client, third_client: Client
 ) -> None:
     holder = await client.semaphore("wake", 3).acquire(3, lease=30)  # expires far away
     waiters = [
         asyncio.create_task(c.semaphore("wake", 3).acquire(timeout=20))
-        for c in (other_client, other_client, third, third)
+        for c in (other_client, other_client, third_client, third_client)
     ]
     await eventually(
-        lambda: other_client.statistics().waiting + third.statistics().waiting == 4, what="4 parked"
+        lambda: other_client.statistics().waiting + third_client.statistics().waiting == 4,
+        what="4 parked",
     )
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -292,11 +290,11 @@ async def test_release_of_k_permits_wakes_k_waiters(
     for task in waiters:
         if not task.result().released:
             await task.result().release()
-    await assert_clean(client, other_client, third)
+    await assert_clean(client, other_client, third_client)
 
 
 async def test_big_waiter_is_not_starved_by_small_ones(
-    client: Client, other_client: Client, third: Client, server: RedisServer
+    client: Client, other_client: Client, third_client: Client, server: RedisServer
 ) -> None:
     n = 4
     stop = asyncio.Event()
@@ -312,7 +310,7 @@ async def test_big_waiter_is_not_starved_by_small_ones(
 
     # Eight small ones keep all four permits busy: they are never all free at once.
     rng = random.Random(3)
-    smalls = [asyncio.create_task(small(c)) for c in (other_client, third) for _ in range(4)]
+    smalls = [asyncio.create_task(small(c)) for c in (other_client, third_client) for _ in range(4)]
     await eventually(lambda: small_grants > 20, what="the small ones running")
     big = await client.semaphore("starve", n).acquire(n, timeout=5)
     assert big.permits == n and await client.semaphore("starve", n).available() == 0
@@ -324,18 +322,18 @@ async def test_big_waiter_is_not_starved_by_small_ones(
     stop.set()
     await asyncio.wait_for(asyncio.gather(*smalls), 20)
     assert_nothing_held(server, "starve")
-    await assert_clean(client, other_client, third)
+    await assert_clean(client, other_client, third_client)
 
 
 async def test_the_longest_waiter_takes_the_claim_over(
-    client: Client, other_client: Client, third: Client, server: RedisServer
+    client: Client, other_client: Client, third_client: Client, server: RedisServer
 ) -> None:
     holder = await client.semaphore("old", 2).acquire(2)
     first = asyncio.create_task(other_client.semaphore("old", 2).acquire(1))
     await eventually(lambda: (redis_state(server, "old")[2] or "").startswith("1|"), what="a claim")
     # The big waiter fails while the small one holds the claim: it waits unclaimed.
-    big = asyncio.create_task(third.semaphore("old", 2).acquire(2))
-    await eventually(lambda: third.statistics().waiting == 1, what="the big waiter waiting")
+    big = asyncio.create_task(third_client.semaphore("old", 2).acquire(2))
+    await eventually(lambda: third_client.statistics().waiting == 1, what="the big waiter waiting")
     assert (redis_state(server, "old")[2] or "").startswith("1|")
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -353,7 +351,7 @@ async def test_the_longest_waiter_takes_the_claim_over(
     small = await asyncio.wait_for(young, 20)
     await small.release()
     assert_nothing_held(server, "old")
-    await assert_clean(client, other_client, third)
+    await assert_clean(client, other_client, third_client)
 
 
 async def test_a_cancelled_claimant_gives_way_at_once(
