@@ -15,11 +15,13 @@ import asyncio
 import gc
 import os
 import traceback
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack
 from typing import Any, Literal
 
 import pytest
 
+from aiolock import Client
 from tests.servers import (
     ContainerServer,
     RedisServer,
@@ -208,6 +210,68 @@ async def proxy(server: RedisServer) -> AsyncIterator[TcpProxy]:
     """A started ``TcpProxy`` in front of the shared ``server``; closed after the test."""
     async with TcpProxy.to(server) as tcp_proxy:
         yield tcp_proxy
+
+
+# --------------------------------------------------------------------------- clients
+
+#: ``await make_client(**options)``: see the ``make_client`` fixture.
+MakeClient = Callable[..., Awaitable[Client]]
+
+#: The notify modes a waiter can use; the ``notify`` fixture's params.
+NOTIFY_MODES = ("pubsub", "list", "poll")
+
+
+@pytest.fixture
+async def make_client(url: str) -> AsyncIterator[MakeClient]:
+    """``await make_client(**options)``: a started ``Client.from_url(url, **options)``
+    (entered, as ``async with`` does); every Client it made is closed after the
+    test, the last made first."""
+    async with AsyncExitStack() as stack:
+
+        async def make(**options: Any) -> Client:
+            return await stack.enter_async_context(Client.from_url(url, **options))
+
+        yield make
+
+
+@pytest.fixture
+def client_options() -> dict[str, Any]:
+    """The ``Client.from_url`` options of ``client`` (prefix, lease, notify mode
+    ...): a module overrides this fixture to set its own."""
+    return {}
+
+
+@pytest.fixture
+def other_client_options(client_options: dict[str, Any]) -> dict[str, Any]:
+    """The options of ``other_client``: those of ``client`` unless a module
+    overrides this fixture."""
+    return client_options
+
+
+@pytest.fixture
+async def client(make_client: MakeClient, client_options: dict[str, Any]) -> Client:
+    """A started Client on the shared ``server`` with ``client_options``."""
+    return await make_client(**client_options)
+
+
+@pytest.fixture
+async def other_client(make_client: MakeClient, other_client_options: dict[str, Any]) -> Client:
+    """A second Client (another "process") with ``other_client_options``."""
+    return await make_client(**other_client_options)
+
+
+@pytest.fixture
+async def third_client(make_client: MakeClient, other_client_options: dict[str, Any]) -> Client:
+    """A third Client, with ``other_client_options``."""
+    return await make_client(**other_client_options)
+
+
+@pytest.fixture(params=NOTIFY_MODES)
+def notify(request: pytest.FixtureRequest) -> str:
+    """A notify mode (params: pubsub, list, poll), for the modules whose
+    ``client_options`` take it: each of their tests runs once per mode."""
+    mode: str = request.param
+    return mode
 
 
 # --------------------------------------------------------------------------- asyncio

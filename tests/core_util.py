@@ -1,11 +1,12 @@
-"""Helpers shared by the core tests (fixtures live in each module or conftest)."""
+"""Helpers shared by the tests (fixtures live in conftest)."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from aiolock import Client
@@ -15,15 +16,40 @@ if TYPE_CHECKING:
 
 
 async def eventually(
-    predicate: Callable[[], bool], *, timeout: float = 10.0, what: str = "condition"
+    predicate: Callable[[], bool | Awaitable[bool]],
+    *,
+    timeout: float = 10.0,
+    what: str = "condition",
+    interval: float = 0.005,
+    block_loop: bool = False,
 ) -> None:
-    """Wait until ``predicate()`` is true; fail after a generous ``timeout``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
+    """Poll ``predicate()`` until it is true; fail after a generous ``timeout``.
+
+    The one polling helper of the suite. ``predicate`` may be sync or async
+    (an async one is awaited each round). ``what`` names the awaited event in
+    the failure. ``interval`` is the pause between polls (0: every loop turn).
+
+    ``block_loop=True`` polls a sync predicate with ``time.sleep``, never
+    yielding: the whole event loop waits. For "the server ran it, the reply is
+    not read yet" set-ups: the predicate asks the server over its own
+    connection (``server.execute``), so the verdict waits for that event
+    rather than for a guessed sleep.
+    """
+    clock = time.monotonic if block_loop else asyncio.get_running_loop().time
+    deadline = clock() + timeout
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            assert not block_loop, "block_loop=True needs a sync predicate"
+            result = await result
+        if result:
+            return
+        if clock() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.005)
+        if block_loop:
+            time.sleep(interval)  # noqa: ASYNC251  (blocking the loop is the point)
+        else:
+            await asyncio.sleep(interval)
 
 
 def is_quiet(client: Client) -> bool:
@@ -99,20 +125,6 @@ async def cancel_at_random(
     return cancelled
 
 
-def block_until(predicate: Callable[[], bool], *, within: float = 10.0, what: str = "") -> None:
-    """Block the whole event loop (a synchronous poll) until ``predicate()``.
-
-    For "the server did it, the reply is not read yet" set-ups: the predicate
-    asks the server over its own connection (``server.execute``), so the
-    verdict waits for the event rather than for a guessed sleep.
-    """
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within} s waiting for {what or predicate}")
-        time.sleep(0.002)
-
-
 def pubsub_subscribers(server: RedisServer, channel: str) -> int:
     """Subscribers of ``channel`` on the server (PUBSUB NUMSUB)."""
     reply = server.execute("PUBSUB", "NUMSUB", channel)
@@ -122,4 +134,3 @@ def pubsub_subscribers(server: RedisServer, channel: str) -> int:
 def blocked_clients(server: RedisServer) -> int:
     """Connections blocked in BLPOP & co. on the server (INFO clients)."""
     return int(server.info("clients")["blocked_clients"])
-

@@ -26,7 +26,7 @@ import tempfile
 import time
 import urllib.parse
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Literal, NoReturn, Self
 
@@ -138,29 +138,6 @@ def wait_for_ping(host: str, port: int, timeout: float = START_TIMEOUT) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{host}:{port} did not answer PING within {timeout}s")
         time.sleep(0.02)
-
-
-async def wait_until(
-    predicate: Callable[[], bool | Awaitable[bool]],
-    *,
-    within: float = 10.0,
-    interval: float = 0.01,
-    message: str = "condition",
-) -> None:
-    """Poll ``predicate`` (sync or async) until it is true; fail after ``within`` s.
-
-    Use this instead of ``asyncio.sleep(n)`` followed by an assertion.
-    """
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        result = predicate()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{message} not reached within {within}s")
-        await asyncio.sleep(interval)
 
 
 # --------------------------------------------------------------------------- servers

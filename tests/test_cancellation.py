@@ -8,27 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
+from typing import Any
 
 import pytest
 
 from aiolock import Client, Lease
 from aiolock._core.listener import Channel
-from tests.core_util import assert_clean, block_until, cancel_at_random, eventually
+from tests.core_util import assert_clean, cancel_at_random, eventually
 from tests.servers import RedisServer
 
 
 @pytest.fixture
-async def client(url: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="c", lease=5) as c:
-        yield c
-
-
-@pytest.fixture
-async def other(url: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="c", lease=5) as c:
-        yield c
+def client_options() -> dict[str, Any]:
+    return {"prefix": "c", "lease": 5}
 
 
 async def test_cancel_after_script_ran_before_reply_read(
@@ -40,7 +33,9 @@ async def test_cancel_after_script_ran_before_reply_read(
     task = asyncio.create_task(lock.acquire())
     await asyncio.sleep(0)  # the acquire is now on the wire
     # Block the loop until the script ran: the reply arrives, unread.
-    block_until(lambda: server.execute("EXISTS", "c:{late}:fence") == 1, what="the script")
+    await eventually(
+        lambda: server.execute("EXISTS", "c:{late}:fence") == 1, block_loop=True, what="the script"
+    )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -65,8 +60,8 @@ async def test_cancel_while_queued_locally(client: Client) -> None:
     await assert_clean(client)
 
 
-async def test_cancel_while_parked_on_channel(client: Client, other: Client) -> None:
-    held = await other.lock("p").acquire()
+async def test_cancel_while_parked_on_channel(client: Client, other_client: Client) -> None:
+    held = await other_client.lock("p").acquire()
     task = asyncio.create_task(client.lock("p").acquire())
     await eventually(lambda: client.statistics().subscriptions == 1, what="subscription")
     await asyncio.sleep(0.05)
@@ -120,8 +115,8 @@ async def test_a_cancelled_release_does_not_cancel_another_caller_waiting_for_it
     await assert_clean(client)
 
 
-async def test_acquire_inside_asyncio_timeout(client: Client, other: Client) -> None:
-    held = await other.lock("to").acquire()
+async def test_acquire_inside_asyncio_timeout(client: Client, other_client: Client) -> None:
+    held = await other_client.lock("to").acquire()
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.05):
             await client.lock("to").acquire()
@@ -265,7 +260,7 @@ def test_channel_waiters_that_give_up_leave_in_constant_time() -> None:
 
 
 async def test_waiters_cancelled_together_unsubscribe_in_one_command(
-    client: Client, other: Client, server: RedisServer
+    client: Client, other_client: Client, server: RedisServer
 ) -> None:
     """20 tasks waiting on 20 names are cancelled at once: their Client leaves
     all 20 channels with one UNSUBSCRIBE, not 20."""
@@ -275,7 +270,7 @@ async def test_waiters_cancelled_together_unsubscribe_in_one_command(
     def subscribers() -> list[int]:
         return list(server.execute("PUBSUB", "NUMSUB", *channels)[1::2])
 
-    held = [await other.lock(name).acquire() for name in names]
+    held = [await other_client.lock(name).acquire() for name in names]
     tasks = [asyncio.create_task(client.lock(name).acquire()) for name in names]
     await eventually(lambda: subscribers() == [1] * 20, what="20 channels subscribed")
     await eventually(lambda: client.statistics().waiting == 20, what="20 waiters")
@@ -288,4 +283,4 @@ async def test_waiters_cancelled_together_unsubscribe_in_one_command(
     assert calls - before == 1, "one UNSUBSCRIBE for every channel"
     for lease in held:
         await lease.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)

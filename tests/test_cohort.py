@@ -4,7 +4,7 @@ trips, tokens still increase, and other Clients are not starved."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -18,15 +18,8 @@ LEASE = 4.5
 
 
 @pytest.fixture
-async def client(url: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="co", lease=LEASE) as c:
-        yield c
-
-
-@pytest.fixture
-async def other(url: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="co", lease=LEASE) as c:
-        yield c
+def client_options() -> dict[str, Any]:
+    return {"prefix": "co", "lease": LEASE}
 
 
 async def test_local_handoffs_save_round_trips(client: Client, server: RedisServer) -> None:
@@ -55,7 +48,7 @@ async def test_local_handoffs_save_round_trips(client: Client, server: RedisServ
 
 
 async def test_next_fresh_acquisition_is_above_the_reserved_tokens(
-    client: Client, other: Client
+    client: Client, other_client: Client
 ) -> None:
     lock = client.lock("r")
     first = await lock.acquire()
@@ -65,13 +58,13 @@ async def test_next_fresh_acquisition_is_above_the_reserved_tokens(
     passed = await waiter  # passed on locally: first.token + 1
     assert passed.fencing_token == first.fencing_token + 1
     await passed.release()
-    fresh = await other.lock("r").acquire()
+    fresh = await other_client.lock("r").acquire()
     assert fresh.fencing_token > passed.fencing_token
     await fresh.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
-async def test_other_client_is_not_starved(client: Client, other: Client) -> None:
+async def test_other_client_is_not_starved(client: Client, other_client: Client) -> None:
     """One Client's 30 tasks hammer a lock; another Client's task still gets in."""
     lock = client.lock("fair-ish")
     stop = asyncio.Event()
@@ -87,12 +80,12 @@ async def test_other_client_is_not_starved(client: Client, other: Client) -> Non
     hammers = [asyncio.create_task(hammer()) for _ in range(30)]
     await eventually(lambda: count > 50, what="the hammer to run")
     # The hammers never stop on their own: only a bounded cohort makes room.
-    lease = await other.lock("fair-ish").acquire(timeout=30)
+    lease = await other_client.lock("fair-ish").acquire(timeout=30)
     assert all(not h.done() for h in hammers)
     await lease.release()
     stop.set()
     await asyncio.gather(*hammers)
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 async def test_handed_waiter_cancelled_passes_it_on(client: Client) -> None:
@@ -111,7 +104,7 @@ async def test_handed_waiter_cancelled_passes_it_on(client: Client) -> None:
 
 
 async def test_locally_passed_hold_is_renewed_and_can_be_lost(
-    client: Client, other: Client
+    client: Client, other_client: Client
 ) -> None:
     lock = client.lock("l")
     held = await lock.acquire()
@@ -123,7 +116,7 @@ async def test_locally_passed_hold_is_renewed_and_can_be_lost(
             rounds = client._engine.watchdog.rounds
             await eventually(lambda: client._engine.watchdog.rounds >= rounds + 4, timeout=30)
             assert await lock.is_owned(), "renewed past the 4.5 s lease (4 rounds: 6 s)"
-            await other.lock("l").force_release()
+            await other_client.lock("l").force_release()
             await asyncio.sleep(30)
 
     task = asyncio.create_task(second())
@@ -132,4 +125,4 @@ async def test_locally_passed_hold_is_renewed_and_can_be_lost(
     await got.wait()
     with pytest.raises(LockLostError):
         await task
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)

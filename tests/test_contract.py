@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from aiolock import Client, LockLostError, LockTimeoutError
+from tests.conftest import MakeClient
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
 
@@ -80,12 +81,9 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def clients(url: str, mode: str) -> AsyncIterator[tuple[Client, Client]]:
-    async with (
-        Client.from_url(url, prefix="k", lease=LEASE, notify=mode) as a,  # type: ignore[arg-type]
-        Client.from_url(url, prefix="k", lease=LEASE, notify=mode) as b,  # type: ignore[arg-type]
-    ):
-        yield a, b
+async def clients(make_client: MakeClient, mode: str) -> tuple[Client, Client]:
+    options = {"prefix": "k", "lease": LEASE, "notify": mode}
+    return await make_client(**options), await make_client(**options)
 
 
 async def _block(kind: Kind, client: Client, name: str) -> list[Any]:
@@ -115,9 +113,7 @@ async def test_exclusion(kind: Kind, clients: tuple[Client, Client]) -> None:
                 await asyncio.sleep(0.001)
                 inside -= 1
 
-    await asyncio.wait_for(
-        asyncio.gather(*(worker(c) for c in clients for _ in range(4))), 120
-    )
+    await asyncio.wait_for(asyncio.gather(*(worker(c) for c in clients for _ in range(4))), 120)
     assert peak >= 1
     await assert_clean(*clients)
 

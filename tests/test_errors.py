@@ -27,6 +27,7 @@ from aiolock import (
     Backoff,
     Client,
     ConnectionFailedError,
+    Lease,
     ServerRefusedError,
     ServerUnavailableError,
     WrongEventLoopError,
@@ -172,6 +173,23 @@ async def test_server_down_raises_connection_failed(fresh_server: ServerProcess)
             assert "reachable" in str(info.value), (what, str(info.value))
 
 
+async def waiting_through_a_cut(
+    holder: Client, waiter: Client, name: str, proxy: TcpProxy, caplog: pytest.LogCaptureFixture
+) -> tuple[Lease, asyncio.Task[Lease]]:
+    """``holder`` holds lock ``name``; ``waiter`` (behind ``proxy``) waits for it
+    with a 60 s timeout; then the proxy cuts every connection, and the wait
+    goes on past a failed retry (logged: "Redis unreachable")."""
+    caplog.set_level(logging.WARNING, logger="aiolock")
+    held = await holder.lock(name).acquire()
+    task = asyncio.create_task(waiter.lock(name).acquire(timeout=60))
+    await eventually(lambda: waiter.statistics().waiting == 1, what="the waiter waits")
+    proxy.cut()
+    await eventually(
+        lambda: task.done() or "Redis unreachable" in caplog.text, what="a failed retry"
+    )
+    return held, task
+
+
 async def test_short_outage_ridden_out_by_waiting_task(
     proxy: TcpProxy, server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -181,19 +199,12 @@ async def test_short_outage_ridden_out_by_waiting_task(
     (every connection reset, new ones too) while it waits. The lock is released
     during the outage; the waiter gets it once the network is back.
     """
-    caplog.set_level(logging.WARNING, logger="aiolock")
     poll = Backoff(initial=0.01, maximum=0.05)
     async with (
         Client.from_url(server.url, prefix="e") as holder,
         Client.from_url(proxy.url, prefix="e", notify="poll", backoff=poll) as waiter,
     ):
-        held = await holder.lock("o").acquire()
-        task = asyncio.create_task(waiter.lock("o").acquire(timeout=60))
-        await eventually(lambda: waiter.statistics().waiting == 1, what="the waiter waits")
-        proxy.cut()
-        await eventually(
-            lambda: task.done() or "Redis unreachable" in caplog.text, what="a failed retry"
-        )
+        held, task = await waiting_through_a_cut(holder, waiter, "o", proxy, caplog)
         assert not task.done(), task.exception()
         # Several retries fail meanwhile (before the fix the third one gave up).
         done, _ = await asyncio.wait([task], timeout=2.0)
@@ -210,19 +221,12 @@ async def test_cancelled_while_riding_out_an_outage(
     proxy: TcpProxy, server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A wait cancelled between retries during an outage leaves nothing behind."""
-    caplog.set_level(logging.WARNING, logger="aiolock")
     poll = Backoff(initial=0.01, maximum=0.05)
     async with (
         Client.from_url(server.url, prefix="e") as holder,
         Client.from_url(proxy.url, prefix="e", notify="poll", backoff=poll) as waiter,
     ):
-        held = await holder.lock("c").acquire()
-        task = asyncio.create_task(waiter.lock("c").acquire(timeout=60))
-        await eventually(lambda: waiter.statistics().waiting == 1, what="the waiter waits")
-        proxy.cut()
-        await eventually(
-            lambda: task.done() or "Redis unreachable" in caplog.text, what="a failed retry"
-        )
+        held, task = await waiting_through_a_cut(holder, waiter, "c", proxy, caplog)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

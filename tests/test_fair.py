@@ -8,13 +8,12 @@ the crashed waiter is a real process, killed with SIGKILL.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack
 from typing import Any
 
 import pytest
@@ -33,9 +32,9 @@ from aiolock import (
 from aiolock._core.listener import WAKE_ALL, Channel
 from aiolock._core.notify import ListWaiter
 from aiolock._primitives.fair import FairLock, _FairState
+from tests.conftest import MakeClient
 from tests.core_util import (
     assert_clean,
-    block_until,
     blocked_clients,
     cancel_at_random,
     eventually,
@@ -44,7 +43,6 @@ from tests.core_util import (
 from tests.servers import RedisServer
 
 PREFIX = "f"
-NOTIFY = ("pubsub", "list", "poll")
 #: Poll-mode waiters notice a handoff within this (the default caps at 0.5 s).
 FAST_POLL = Backoff(initial=0.002, maximum=0.05)
 #: The shortest lease of a Client whose watchdog must keep a hold or a queue
@@ -54,37 +52,17 @@ FAST_POLL = Backoff(initial=0.002, maximum=0.05)
 SHORT = 4.5
 
 
-@pytest.fixture(params=NOTIFY)
-def notify(request: pytest.FixtureRequest) -> str:
-    mode: str = request.param
-    return mode
-
-
-MakeClient = Callable[..., Client]
-
-
 @pytest.fixture
-async def make(url: str, notify: str) -> AsyncIterator[MakeClient]:
-    """``make(lease=...)``: a started Client (one "process"), closed after the test."""
-    async with AsyncExitStack() as stack:
-
-        def factory(lease: float = 30.0) -> Client:
-            client = Client.from_url(
-                url,
-                prefix=PREFIX,
-                lease=lease,
-                notify=notify,  # type: ignore[arg-type]
-                backoff=FAST_POLL,
-            )
-            stack.push_async_callback(client.aclose)
-            return client
-
-        yield factory
+def make(make_client: MakeClient, notify: str) -> MakeClient:
+    """``await make(lease=...)``: a started Client (one "process"), closed after the test."""
+    return functools.partial(
+        make_client, prefix=PREFIX, lease=30.0, notify=notify, backoff=FAST_POLL
+    )
 
 
 @pytest.fixture
 async def clients(make: MakeClient) -> list[Client]:
-    return [make() for _ in range(3)]
+    return [await make() for _ in range(3)]
 
 
 def queued(server: RedisServer, name: str) -> list[str]:
@@ -96,19 +74,17 @@ def queued(server: RedisServer, name: str) -> list[str]:
 async def enqueue(lock: FairLock, coro: Any, count: int) -> asyncio.Task[Any]:
     """Start ``coro`` as a task and wait until the queue holds ``count`` entries."""
     task = asyncio.create_task(coro)
-    await eventually_async(lambda: lock.queue_length(), count)
+    await queue_reaches(lock, count)
     return task
 
 
-async def eventually_async(
-    probe: Callable[[], Any], expected: object, *, timeout: float = 10.0
-) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while (value := await probe()) != expected:
-        if loop.time() > deadline:
-            raise AssertionError(f"expected {expected!r}, still {value!r} after {timeout} s")
-        await asyncio.sleep(0.002)
+async def queue_reaches(lock: FairLock, count: int, *, timeout: float = 10.0) -> None:
+    """Wait until the queue of ``lock`` holds exactly ``count`` entries."""
+
+    async def reached() -> bool:
+        return await lock.queue_length() == count
+
+    await eventually(reached, timeout=timeout, what=f"{count} entries in the queue")
 
 
 def parked(client: Client) -> int:
@@ -249,7 +225,7 @@ async def test_strict_fifo_across_clients(clients: list[Client], server: RedisSe
     tasks = [await enqueue(locks[0], contender(i), i + 1) for i in range(9)]
     # A burst from one Client, created back to back: pipelined, they keep their order.
     tasks += [asyncio.create_task(contender(9 + 3 * k)) for k in range(4)]
-    await eventually_async(locks[0].queue_length, 13)
+    await queue_reaches(locks[0], 13)
     assert [w.split(":")[0] for w in queued(server, "fifo")][:3] == [c.id for c in clients]
     await holder.release()
     await asyncio.wait_for(asyncio.gather(*tasks), 20)
@@ -287,7 +263,7 @@ async def test_handoff_wakes_only_the_next_waiter(
     # No watchdog round and no list-mode self-check (every PARK_MAX) may fall
     # into the measured window, however slowly a loaded machine gets through it.
     monkeypatch.setattr(ListWaiter, "PARK_MAX", 600.0)
-    clients = [make(lease=600) for _ in range(4)]
+    clients = [await make(lease=600) for _ in range(4)]
     locks = [c.fair_lock("cost") for c in clients]
 
     async def one_handoff(waiting: int) -> dict[str, int]:
@@ -302,7 +278,7 @@ async def test_handoff_wakes_only_the_next_waiter(
             await lease.release()
 
         tasks = [asyncio.create_task(waiter(i)) for i in range(waiting)]
-        await eventually_async(locks[0].queue_length, waiting)
+        await queue_reaches(locks[0], waiting)
         waiting_clients = clients[: min(waiting, 4)]
 
         def all_parked() -> bool:  # every waiter parked, every subscription / BLPOP live
@@ -340,10 +316,10 @@ async def test_handoff_wakes_only_the_next_waiter(
 async def test_many_local_waiters_cost_one_subscription_and_one_renewal(
     make: MakeClient,
 ) -> None:
-    a, b = make(), make(lease=SHORT)
+    a, b = await make(), await make(lease=SHORT)
     holder = await a.fair_lock("crowd").acquire()
     tasks = [asyncio.create_task(b.fair_lock("crowd").acquire()) for _ in range(30)]
-    await eventually_async(a.fair_lock("crowd").queue_length, 30)
+    await queue_reaches(a.fair_lock("crowd"), 30)
     await eventually(lambda: b.statistics().waiting == 30, what="30 waiters queued")
     stats = b.statistics()
     assert stats.waiting == 30 and stats.watched == 1
@@ -385,14 +361,14 @@ async def test_crashed_waiter_delays_the_queue_at_most_one_lease(
     lease = 6.0
     # The holder's Client has a long lease: the survivor's own bound (the holder's
     # TTL) is then 30 s, and only the "check back" message gets it going in time.
-    a, b = make(lease=30), make(lease=lease)
+    a, b = await make(lease=30), await make(lease=lease)
     lock = a.fair_lock("crash")
     holder = await lock.acquire()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _CRASHER, url, PREFIX, str(lease), a.notify, cwd=os.getcwd()
     )
     try:
-        await eventually_async(lock.queue_length, 1, timeout=20)
+        await queue_reaches(lock, 1, timeout=20)
         survivor = await enqueue(lock, b.fair_lock("crash").acquire(), 2)
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -416,7 +392,7 @@ async def test_crashed_waiter_delays_the_queue_at_most_one_lease(
 async def test_live_waiter_is_never_dropped(make: MakeClient, server: RedisServer) -> None:
     """Waiting for many leases: the watchdog keeps the entries alive, the order holds."""
     lease = SHORT
-    a, b, c = make(), make(lease=lease), make(lease=lease)
+    a, b, c = await make(), await make(lease=lease), await make(lease=lease)
     lock = a.fair_lock("patient")
     holder = await lock.acquire()
     first = await enqueue(lock, b.fair_lock("patient").acquire(), 1)
@@ -438,12 +414,12 @@ async def test_live_waiter_is_never_dropped(make: MakeClient, server: RedisServe
 async def test_waiter_queues_up_again_if_its_entry_vanished(
     make: MakeClient, server: RedisServer
 ) -> None:
-    a, b = make(), make(lease=SHORT)
+    a, b = await make(), await make(lease=SHORT)
     lock = a.fair_lock("lapse")
     holder = await lock.acquire()
     waiter = await enqueue(lock, b.fair_lock("lapse").acquire(), 1)
     server.execute("DEL", f"{PREFIX}:{{lapse}}:q")  # as if its liveness had lapsed
-    await eventually_async(lock.queue_length, 1)  # the watchdog saw it: queued again
+    await queue_reaches(lock, 1)  # the watchdog saw it: queued again
     await holder.release()
     got = await asyncio.wait_for(waiter, 10)
     await got.release()
@@ -495,7 +471,7 @@ async def test_cancelled_waiter_leaves_the_queue_at_once(
     gone = queued(server, "leave")[1]
     w2.cancel()
     started = time.monotonic()
-    await eventually_async(lock.queue_length, 2)
+    await queue_reaches(lock, 2)
     assert time.monotonic() - started < a.lease / 3  # not after a lease (30 s)
     assert gone not in queued(server, "leave")
     await holder.release()
@@ -523,7 +499,11 @@ async def test_waiter_cancelled_after_the_handoff_passes_the_lock_on(
     await asyncio.sleep(0)  # the release is on the wire
     # Block the loop until Redis has handed the lock to `first` (a token issued) ...
     fence = f"{PREFIX}:{{pass}}:fence"
-    block_until(lambda: int(server.execute("HGET", fence, "t")) > holder.fencing_token)
+    await eventually(
+        lambda: int(server.execute("HGET", fence, "t")) > holder.fencing_token,
+        block_loop=True,
+        what="a token issued to `first`",
+    )
     first.cancel()  # ... which gives up before it could confirm it
     started = time.monotonic()
     await release
@@ -547,7 +527,11 @@ async def test_cancel_after_grant_before_reply_read(
     task = asyncio.create_task(lock.acquire())
     await asyncio.sleep(0)  # the script is on the wire
     # Block the loop until Redis granted it: the reply arrives, unread.
-    block_until(lambda: server.execute("EXISTS", f"{PREFIX}:{{late}}") == 1)
+    await eventually(
+        lambda: server.execute("EXISTS", f"{PREFIX}:{{late}}") == 1,
+        block_loop=True,
+        what="the grant",
+    )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -577,7 +561,7 @@ async def test_timeouts_leave_no_entry(clients: list[Client], server: RedisServe
 async def test_closing_a_client_takes_its_waiters_out(
     make: MakeClient, server: RedisServer
 ) -> None:
-    a, b, c = make(), make(), make()
+    a, b, c = await make(), await make(), await make()
     lock = a.fair_lock("close")
     holder = await lock.acquire()
     doomed = await enqueue(lock, b.fair_lock("close").acquire(), 1)
@@ -585,7 +569,7 @@ async def test_closing_a_client_takes_its_waiters_out(
     await b.aclose()
     with pytest.raises(ClientClosedError):
         await doomed
-    await eventually_async(c.fair_lock("close").queue_length, 1)
+    await queue_reaches(c.fair_lock("close"), 1)
     await a.aclose()  # the holder's Client: its hold is released, and handed on
     assert holder.lost
     lease = await asyncio.wait_for(later, a.lease / 3)  # at once, not after a 30 s lease
@@ -600,7 +584,7 @@ async def test_closing_a_client_takes_its_waiters_out(
 async def test_lost_lease_cancels_the_body_and_the_next_waiter_gets_it(
     make: MakeClient,
 ) -> None:
-    a, b, c = make(lease=SHORT), make(lease=SHORT), make()
+    a, b, c = await make(lease=SHORT), await make(lease=SHORT), await make()
     lock = a.fair_lock("lost")
     reached_end = False
     next_up = None
@@ -619,7 +603,7 @@ async def test_lost_lease_cancels_the_body_and_the_next_waiter_gets_it(
 
 
 async def test_fixed_lease_expires_and_the_queue_moves_on(make: MakeClient) -> None:
-    a, b = make(), make(lease=SHORT)
+    a, b = await make(), await make(lease=SHORT)
     lock = a.fair_lock("fixed")
     # The fixed lease outlasts queueing the waiter even on a stalled machine.
     with pytest.raises(LockLostError, match="fixed lease"):

@@ -23,13 +23,13 @@ from redis.asyncio.retry import Retry  # NOT redis.retry.Retry: that one is sync
 from redis.backoff import NoBackoff
 
 from tests.conftest import _mode, _ServerPool
+from tests.core_util import eventually
 from tests.servers import (
     RedisServer,
     ServerProcess,
     TcpProxy,
     find_free_port,
     redis_binary,
-    wait_until,
 )
 
 GENEROUS = 10.0  # upper bound for things that should happen promptly
@@ -224,7 +224,7 @@ async def test_proxy_forwards(proxy: TcpProxy, server: RedisServer) -> None:
         assert await client.get("big") == big
         assert proxy.connection_count == 1
     assert server.execute("STRLEN", "big") == len(big)
-    await wait_until(lambda: proxy.connection_count == 0, message="proxy link closed")
+    await eventually(lambda: proxy.connection_count == 0, what="proxy link closed")
 
 
 async def test_proxy_cut_breaks_live_connection_and_restore(
@@ -239,7 +239,7 @@ async def test_proxy_cut_breaks_live_connection_and_restore(
         async with aclient(proxy.url) as other:
             with pytest.raises(redis.ConnectionError):
                 await other.ping()
-        await wait_until(lambda: server.client_count() == 0, message="server saw the cut")
+        await eventually(lambda: server.client_count() == 0, what="server saw the cut")
         proxy.restore()
         assert await client.ping()
         async with aclient(proxy.url) as other:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -22,32 +22,11 @@ from aiolock._primitives.latch import Latch
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
 
-NOTIFY = ("pubsub", "list", "poll")
-
-
-@pytest.fixture(params=NOTIFY)
-def notify(request: pytest.FixtureRequest) -> str:
-    mode: str = request.param
-    return mode
-
 
 # Long leases: a waiter that is not woken re-checks only every 30 s.
 @pytest.fixture
-async def client(url: str, notify: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="d", lease=30, notify=notify) as c:  # type: ignore[arg-type]
-        yield c
-
-
-@pytest.fixture
-async def other(url: str, notify: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="d", lease=30, notify=notify) as c:  # type: ignore[arg-type]
-        yield c
-
-
-@pytest.fixture
-async def third(url: str, notify: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="d", lease=30, notify=notify) as c:  # type: ignore[arg-type]
-        yield c
+def client_options(notify: str) -> dict[str, Any]:
+    return {"prefix": "d", "lease": 30, "notify": notify}
 
 
 def parked(*clients: Client) -> int:
@@ -55,43 +34,45 @@ def parked(*clients: Client) -> int:
 
 
 async def test_zero_wakes_every_waiter_on_every_client(
-    client: Client, other: Client, third: Client
+    client: Client, other_client: Client, third_client: Client
 ) -> None:
     latch = client.latch("go", 2)
     assert isinstance(latch, Latch)
     assert await latch.try_set_count()
     waiters = [
         asyncio.create_task(c.latch("go", 0).wait())
-        for c in (client, other, third)
+        for c in (client, other_client, third_client)
         for _ in range(3)
     ]
-    await eventually(lambda: parked(client, other, third) == 9, what="9 parked waiters")
-    assert await other.latch("go", 0).count_down() == 1
+    await eventually(
+        lambda: parked(client, other_client, third_client) == 9, what="9 parked waiters"
+    )
+    assert await other_client.latch("go", 0).count_down() == 1
     await asyncio.sleep(0.1)
     assert not any(t.done() for t in waiters), "one count down is not zero"
     loop = asyncio.get_running_loop()
     opened = loop.time()
-    assert await third.latch("go", 0).count_down() == 0
+    assert await third_client.latch("go", 0).count_down() == 0
     assert await asyncio.wait_for(asyncio.gather(*waiters), 10) == [True] * 9
     assert loop.time() - opened < 5, "woken by the opening, not by the 30 s re-check"
     assert await latch.count() == 0
-    await assert_clean(client, other, third)
+    await assert_clean(client, other_client, third_client)
 
 
 async def test_wait_after_zero_and_on_a_latch_never_set_returns_at_once(
-    client: Client, other: Client
+    client: Client, other_client: Client
 ) -> None:
     assert await client.latch("never", 3).wait() is True
     latch = client.latch("once", 1)
     assert await latch.try_set_count()
-    assert await other.latch("once", 0).count_down() == 0
-    assert await other.latch("once", 0).count_down() == 0, "an open latch stays open"
+    assert await other_client.latch("once", 0).count_down() == 0
+    assert await other_client.latch("once", 0).count_down() == 0, "an open latch stays open"
     loop = asyncio.get_running_loop()
     started = loop.time()
     assert await latch.wait() is True
     assert await latch.wait(timeout=0) is True
     assert loop.time() - started < 5  # not the 30 s re-check
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 async def test_timeout_raises_lock_timeout_error(client: Client) -> None:
@@ -111,23 +92,27 @@ async def test_timeout_raises_lock_timeout_error(client: Client) -> None:
     await assert_clean(client)
 
 
-async def test_try_set_count_semantics(client: Client, other: Client, server: RedisServer) -> None:
+async def test_try_set_count_semantics(
+    client: Client, other_client: Client, server: RedisServer
+) -> None:
     latch = client.latch("set", 3)
     assert latch.initial_count == 3
     assert await latch.count() == 0
     assert await latch.try_set_count() is True  # the constructor's count
     assert await latch.count() == 3
-    assert await other.latch("set", 0).try_set_count(7) is False, "already counting"
+    assert await other_client.latch("set", 0).try_set_count(7) is False, "already counting"
     assert await latch.count() == 3
     ttl = server.execute("PTTL", "d:{set}")
     assert 0 < ttl <= client._engine.retention_ms, "a latch key always has a TTL"
     for _ in range(3):
-        await other.latch("set", 0).count_down()
+        await other_client.latch("set", 0).count_down()
     assert await latch.count() == 0
-    assert await other.latch("set", 0).try_set_count(2) is True, "an open latch may be set again"
+    assert await other_client.latch("set", 0).try_set_count(2) is True, (
+        "an open latch may be set again"
+    )
     assert await latch.count() == 2
     with pytest.raises(InvalidArgumentError):
-        await other.latch("set", 0).try_set_count()  # created with 0: nothing to set
+        await other_client.latch("set", 0).try_set_count()  # created with 0: nothing to set
     for bad in (0, -1):
         with pytest.raises(InvalidArgumentError):
             await latch.try_set_count(bad)
@@ -140,13 +125,13 @@ async def test_try_set_count_semantics(client: Client, other: Client, server: Re
         client.latch("set", -1)
     with pytest.raises(InvalidArgumentError):
         await latch.wait(timeout=-1)
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 async def test_a_waiter_never_misses_an_opening_even_if_set_again(
-    client: Client, other: Client
+    client: Client, other_client: Client
 ) -> None:
-    latch = other.latch("aba", 1)
+    latch = other_client.latch("aba", 1)
     await latch.try_set_count()
     waiter = asyncio.create_task(client.latch("aba", 0).wait())
     await eventually(lambda: parked(client) == 1, what="a parked waiter")
@@ -155,7 +140,7 @@ async def test_a_waiter_never_misses_an_opening_even_if_set_again(
     assert (opened, reset) == (0, True)
     assert await asyncio.wait_for(waiter, 10) is True, "it saw the latch open"
     assert await latch.count() == 5
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 async def test_a_waited_latch_is_kept_alive(client: Client, server: RedisServer) -> None:
@@ -168,7 +153,7 @@ async def test_a_waited_latch_is_kept_alive(client: Client, server: RedisServer)
     await assert_clean(client)
 
 
-async def test_cancelled_wait_leaves_nothing_behind(client: Client, other: Client) -> None:
+async def test_cancelled_wait_leaves_nothing_behind(client: Client, other_client: Client) -> None:
     latch = client.latch("cw", 1)
     await latch.try_set_count()
     waiters = [asyncio.create_task(latch.wait()) for _ in range(3)]
@@ -177,9 +162,9 @@ async def test_cancelled_wait_leaves_nothing_behind(client: Client, other: Clien
     with pytest.raises(asyncio.CancelledError):
         await waiters[0]
     assert parked(client) == 2
-    await other.latch("cw", 0).count_down()
+    await other_client.latch("cw", 0).count_down()
     assert await asyncio.wait_for(asyncio.gather(*waiters[1:]), 10) == [True, True]
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 async def test_a_cancelled_count_down_still_completes(client: Client) -> None:
@@ -195,7 +180,7 @@ async def test_a_cancelled_count_down_still_completes(client: Client) -> None:
 
 
 async def test_random_cancellation_fuzz_leaves_nothing_behind(
-    client: Client, other: Client
+    client: Client, other_client: Client
 ) -> None:
     rng = random.Random(5)
     loop = asyncio.get_running_loop()
@@ -204,13 +189,14 @@ async def test_random_cancellation_fuzz_leaves_nothing_behind(
         name = f"fz{round_no}"
         assert await client.latch(name, 2).try_set_count()
         waiters = [
-            asyncio.create_task(rng.choice((client, other)).latch(name, 0).wait()) for _ in range(6)
+            asyncio.create_task(rng.choice((client, other_client)).latch(name, 0).wait())
+            for _ in range(6)
         ]
         for task in waiters:
             if rng.random() < 0.5:
                 loop.call_later(rng.choice([0.0, rng.uniform(0, 0.003), 0.01]), task.cancel)
         await asyncio.sleep(rng.choice([0.0, 0.002, 0.01]))
-        await other.latch(name, 0).count_down()
+        await other_client.latch(name, 0).count_down()
         await client.latch(name, 0).count_down()
         results = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), 10)
         for result in results:
@@ -221,4 +207,4 @@ async def test_random_cancellation_fuzz_leaves_nothing_behind(
             else:
                 raise AssertionError(result)
     assert opened > 30 and cancelled > 30, (opened, cancelled)
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -18,15 +18,13 @@ SHORT = 4.5
 
 
 @pytest.fixture
-async def client(url: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="l", lease=SHORT) as c:
-        yield c
+def client_options() -> dict[str, Any]:
+    return {"prefix": "l", "lease": SHORT}
 
 
 @pytest.fixture
-async def other(url: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="l") as c:
-        yield c
+def other_client_options() -> dict[str, Any]:
+    return {"prefix": "l"}
 
 
 async def test_watchdog_renews_past_the_lease(client: Client) -> None:
@@ -60,14 +58,14 @@ def test_plan_batches_is_pure() -> None:
     assert plan_batches([], 500) == []
 
 
-async def test_lost_lease_cancels_body_and_raises(client: Client, other: Client) -> None:
+async def test_lost_lease_cancels_body_and_raises(client: Client, other_client: Client) -> None:
     lock = client.lock("lost")
     reached_end = False
     lost_seen: list[Lease] = []
     with pytest.raises(LockLostError, match="lost"):
         async with lock as lease:
             lease.on_lost(lost_seen.append)
-            await other.lock("lost").force_release()
+            await other_client.lock("lost").force_release()
             await asyncio.sleep(30)  # cancelled within one renewal interval
             reached_end = True
     assert not reached_end
@@ -78,19 +76,19 @@ async def test_lost_lease_cancels_body_and_raises(client: Client, other: Client)
     await assert_clean(client)
 
 
-async def test_on_lost_ignore_runs_on(client: Client, other: Client) -> None:
+async def test_on_lost_ignore_runs_on(client: Client, other_client: Client) -> None:
     lock = client.lock("ign")
     called = asyncio.Event()
     async with lock(on_lost="ignore") as lease:
         lease.on_lost(lambda _: called.set())
-        await other.lock("ign").force_release()
+        await other_client.lock("ign").force_release()
         await called.wait()
         assert lease.lost
     # exited without raising
     await assert_clean(client)
 
 
-async def test_async_callback_runs(client: Client, other: Client) -> None:
+async def test_async_callback_runs(client: Client, other_client: Client) -> None:
     done = asyncio.Event()
 
     async def callback(lease: Lease) -> None:
@@ -99,7 +97,7 @@ async def test_async_callback_runs(client: Client, other: Client) -> None:
 
     lease = await client.lock("acb").acquire()
     lease.on_lost(callback)
-    await other.lock("acb").force_release()
+    await other_client.lock("acb").force_release()
     await asyncio.wait_for(done.wait(), 10)
     with pytest.raises(LockNotOwnedError, match="lost"):
         await lease.release()
@@ -118,11 +116,11 @@ async def test_fixed_lease_expiry_is_a_loss(client: Client) -> None:
 
 
 async def test_body_that_swallows_cancellation_still_gets_lock_lost(
-    client: Client, other: Client
+    client: Client, other_client: Client
 ) -> None:
     with pytest.raises(LockLostError):
         async with client.lock("sw"):
-            await other.lock("sw").force_release()
+            await other_client.lock("sw").force_release()
             try:
                 await asyncio.sleep(30)
             except asyncio.CancelledError:
@@ -131,7 +129,7 @@ async def test_body_that_swallows_cancellation_still_gets_lock_lost(
     await asyncio.sleep(0.01)  # no stray cancellation arrives later
 
 
-async def test_outer_cancellation_wins_over_loss(client: Client, other: Client) -> None:
+async def test_outer_cancellation_wins_over_loss(client: Client, other_client: Client) -> None:
     inside = asyncio.Event()
 
     async def body() -> None:
@@ -142,7 +140,7 @@ async def test_outer_cancellation_wins_over_loss(client: Client, other: Client) 
     task = asyncio.create_task(body())
     await inside.wait()
     task.cancel()
-    await other.lock("both").force_release()
+    await other_client.lock("both").force_release()
     with pytest.raises(asyncio.CancelledError):
         await task
 

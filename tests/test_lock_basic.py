@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -19,17 +19,15 @@ from tests.servers import RedisServer
 
 
 @pytest.fixture
-async def client(url: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="t") as c:
-        yield c
+def client_options() -> dict[str, Any]:
+    return {"prefix": "t"}
 
 
 @pytest.fixture
-async def client2(url: str) -> AsyncIterator[Client]:
+def other_client_options() -> dict[str, Any]:
     # A short lease, so that its watchdog notices an evicted hold within 1.5 s;
     # its holds survive 3 s of scheduling stall on a loaded machine.
-    async with Client.from_url(url, prefix="t", lease=4.5) as c:
-        yield c
+    return {"prefix": "t", "lease": 4.5}
 
 
 async def test_acquire_release_roundtrip(client: Client, server: RedisServer) -> None:
@@ -100,7 +98,7 @@ async def test_other_task_of_same_client_waits(client: Client) -> None:
     await assert_clean(client)
 
 
-async def test_mutual_exclusion_two_clients(client: Client, client2: Client) -> None:
+async def test_mutual_exclusion_two_clients(client: Client, other_client: Client) -> None:
     counter = 0
     inside = 0
     tokens: list[int] = []
@@ -118,16 +116,16 @@ async def test_mutual_exclusion_two_clients(client: Client, client2: Client) -> 
                 counter = value + 1
                 inside -= 1
 
-    await asyncio.gather(*(worker(c) for c in (client, client2) for _ in range(8)))
+    await asyncio.gather(*(worker(c) for c in (client, other_client) for _ in range(8)))
     assert counter == 160
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
-    await assert_clean(client, client2)
+    await assert_clean(client, other_client)
 
 
 async def test_fencing_tokens_increase_across_expiry_and_force_release(
-    client: Client, client2: Client
+    client: Client, other_client: Client
 ) -> None:
-    lock1, lock2 = client.lock("f"), client2.lock("f")
+    lock1, lock2 = client.lock("f"), other_client.lock("f")
     a = await lock1.acquire(lease=0.05)
     await eventually(lambda: a.lost, what="fixed lease to expire")
     b = await lock2.acquire()
@@ -156,44 +154,44 @@ async def test_fencing_survives_counter_loss(client: Client, server: RedisServer
     assert int(server.execute("PTTL", "t:{gone}:fence")) > 0, "fence counters must expire"
 
 
-async def test_try_acquire_does_not_wait(client: Client, client2: Client) -> None:
+async def test_try_acquire_does_not_wait(client: Client, other_client: Client) -> None:
     held = await client.lock("busy").acquire()
     loop = asyncio.get_running_loop()
     start = loop.time()
-    assert await client2.lock("busy").try_acquire() is None
-    assert await client2.lock("busy").try_acquire(0.05) is None
+    assert await other_client.lock("busy").try_acquire() is None
+    assert await other_client.lock("busy").try_acquire(0.05) is None
     assert loop.time() - start < 5
     await held.release()
-    got = await client2.lock("busy").try_acquire()
+    got = await other_client.lock("busy").try_acquire()
     assert got is not None
     await got.release()
-    await assert_clean(client, client2)
+    await assert_clean(client, other_client)
 
 
-async def test_timeout_raises_lock_timeout_error(client: Client, client2: Client) -> None:
+async def test_timeout_raises_lock_timeout_error(client: Client, other_client: Client) -> None:
     held = await client.lock("t").acquire()
     with pytest.raises(LockTimeoutError) as info:
-        await client2.lock("t").acquire(timeout=0.2)
+        await other_client.lock("t").acquire(timeout=0.2)
     assert isinstance(info.value, TimeoutError)
     # A local waiter queued behind the holder times out too.
     with pytest.raises(TimeoutError):
         await asyncio.create_task(client.lock("t").acquire(timeout=0.1))
     await held.release()
-    await assert_clean(client, client2)
+    await assert_clean(client, other_client)
 
 
-async def test_waiter_wakes_on_release_not_on_ttl(client: Client, client2: Client) -> None:
+async def test_waiter_wakes_on_release_not_on_ttl(client: Client, other_client: Client) -> None:
     """A waiter is woken by the release message, long before the holder's TTL."""
     held = await client.lock("w").acquire()  # 30 s watchdog lease
-    waiter = asyncio.create_task(client2.lock("w").acquire(timeout=20))
-    await eventually(lambda: client2.statistics().subscriptions == 1, what="subscription")
+    waiter = asyncio.create_task(other_client.lock("w").acquire(timeout=20))
+    await eventually(lambda: other_client.statistics().subscriptions == 1, what="subscription")
     loop = asyncio.get_running_loop()
     released_at = loop.time()
     await held.release()
     lease = await waiter
     assert loop.time() - released_at < 5  # far below the 30 s TTL
     await lease.release()
-    await assert_clean(client, client2)
+    await assert_clean(client, other_client)
 
 
 async def test_lease_release_from_another_task(client: Client) -> None:
@@ -262,15 +260,15 @@ async def test_async_with_releases_when_body_cancelled(client: Client) -> None:
     await assert_clean(client)
 
 
-async def test_force_release(client: Client, client2: Client) -> None:
+async def test_force_release(client: Client, other_client: Client) -> None:
     assert not await client.lock("fr").force_release()
-    lease = await client2.lock("fr").acquire()
+    lease = await other_client.lock("fr").acquire()
     assert await client.lock("fr").force_release()
     assert not await client.lock("fr").is_locked()
     await eventually(lambda: lease.lost, what="evicted lease to be lost")
     with pytest.raises(LockNotOwnedError):
         await lease.release()
-    await assert_clean(client, client2)
+    await assert_clean(client, other_client)
 
 
 async def test_fixed_lease_has_fixed_ttl(client: Client) -> None:

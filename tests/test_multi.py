@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -23,15 +23,8 @@ LEASE = 4.5
 
 
 @pytest.fixture
-async def client(url: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="m", lease=LEASE) as c:
-        yield c
-
-
-@pytest.fixture
-async def other(url: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="m", lease=LEASE) as c:
-        yield c
+def client_options() -> dict[str, Any]:
+    return {"prefix": "m", "lease": LEASE}
 
 
 async def test_takes_all_in_one_script(client: Client, server: RedisServer) -> None:
@@ -52,8 +45,8 @@ async def test_takes_all_in_one_script(client: Client, server: RedisServer) -> N
     await assert_clean(client)
 
 
-async def test_all_or_nothing(client: Client, other: Client) -> None:
-    held = await other.lock("y").acquire()
+async def test_all_or_nothing(client: Client, other_client: Client) -> None:
+    held = await other_client.lock("y").acquire()
     multi = client.multi_lock(client.lock("x"), client.lock("y"))
     assert await multi.try_acquire() is None
     assert not await client.lock("x").is_locked(), "nothing taken when one is busy"
@@ -64,10 +57,10 @@ async def test_all_or_nothing(client: Client, other: Client) -> None:
     lease = await waiter
     assert await client.lock("x").is_locked() and await client.lock("y").is_locked()
     await lease.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
-async def test_across_clients_no_deadlock(client: Client, other: Client) -> None:
+async def test_across_clients_no_deadlock(client: Client, other_client: Client) -> None:
     """Two multi-locks over the same names, given in opposite orders, on two
     Clients each holding a lock of the set: no deadlock, mutual exclusion."""
     inside = 0
@@ -86,37 +79,38 @@ async def test_across_clients_no_deadlock(client: Client, other: Client) -> None
                 done += 1
 
     await asyncio.wait_for(
-        asyncio.gather(*(worker(o) for o in [(client, other), (other, client)] * 3)), 60
+        asyncio.gather(*(worker(o) for o in [(client, other_client), (other_client, client)] * 3)),
+        60,
     )
     assert done == 60
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
-async def test_timeout_releases_what_was_taken(client: Client, other: Client) -> None:
-    held = await asyncio.create_task(other.lock("t2").acquire())  # another task holds it
-    multi = client.multi_lock(client.lock("t1"), other.lock("t2"))  # two Clients
+async def test_timeout_releases_what_was_taken(client: Client, other_client: Client) -> None:
+    held = await asyncio.create_task(other_client.lock("t2").acquire())  # another task holds it
+    multi = client.multi_lock(client.lock("t1"), other_client.lock("t2"))  # two Clients
     with pytest.raises(LockTimeoutError):
         await multi.acquire(timeout=0.2)
     assert not await client.lock("t1").is_locked()
     await held.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
-async def test_reentrant_and_lost(client: Client, other: Client) -> None:
+async def test_reentrant_and_lost(client: Client, other_client: Client) -> None:
     multi = client.multi_lock(client.lock("r1"), client.lock("r2"))
     with pytest.raises(LockLostError):
         async with multi as lease:
             async with multi as inner:
                 assert inner.fencing_tokens == lease.fencing_tokens
                 assert await multi.hold_count() == 2
-            await other.lock("r2").force_release()
+            await other_client.lock("r2").force_release()
             await asyncio.sleep(30)
     await eventually(lambda: lease.lost)
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
-async def test_cancelled_multi_acquire_leaves_nothing(client: Client, other: Client) -> None:
-    held = await other.lock("c2").acquire()
+async def test_cancelled_multi_acquire_leaves_nothing(client: Client, other_client: Client) -> None:
+    held = await other_client.lock("c2").acquire()
     multi = client.multi_lock(client.lock("c1"), client.lock("c2"), client.lock("c3"))
     for delay in (0.0, 0.001, 0.003, 0.01, 0.03):
         task = asyncio.create_task(multi.acquire())
@@ -125,7 +119,7 @@ async def test_cancelled_multi_acquire_leaves_nothing(client: Client, other: Cli
         with pytest.raises(asyncio.CancelledError):
             await task
     await held.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
     assert not await multi.is_locked()
 
 

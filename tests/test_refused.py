@@ -242,15 +242,8 @@ def _params() -> list[Any]:
 
 
 @pytest.fixture
-async def client(url: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="t") as c:
-        yield c
-
-
-@pytest.fixture
-async def other(url: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="t") as c:
-        yield c
+def client_options() -> dict[str, Any]:
+    return {"prefix": "t"}
 
 
 @pytest.fixture
@@ -288,11 +281,10 @@ async def plant(r: aioredis.Redis, key: str, kind: str) -> None:
 
 async def settled(*clients: Client) -> None:
     """Nothing of these Clients is on the wire or running in the background."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while any(c.statistics().in_flight or c.statistics().background for c in clients):
-        assert loop.time() < deadline, "the Clients did not settle"
-        await asyncio.sleep(0.005)
+    await eventually(
+        lambda: not any(c.statistics().in_flight or c.statistics().background for c in clients),
+        what="the Clients to settle",
+    )
 
 
 def names_key(exc: BaseException, key: str) -> bool:
@@ -303,13 +295,13 @@ def names_key(exc: BaseException, key: str) -> bool:
 @pytest.mark.parametrize(("case", "suffix", "planted"), _params())
 async def test_refused_command_changes_nothing(
     client: Client,
-    other: Client,
+    other_client: Client,
     admin: aioredis.Redis,
     case: Case,
     suffix: str,
     planted: str,
 ) -> None:
-    op = await case.prepare(client, other)
+    op = await case.prepare(client, other_client)
     key = f"t:{{{case.name}}}{suffix}"
     await admin.delete(key)
     await plant(admin, key, planted)
@@ -317,7 +309,7 @@ async def test_refused_command_changes_nothing(
     with pytest.raises(Exception) as info:  # any error for now: typed by the errors work
         await op()
     assert names_key(info.value, key), f"the error does not name {key}: {info.value!r}"
-    await settled(client, other)
+    await settled(client, other_client)
     assert await snapshot(admin) == before
     assert client.statistics().waiting == 0  # a refused acquire leaves no waiter
 
@@ -365,7 +357,7 @@ async def _refused_release_keeps_the_hold(
 
 
 async def test_refused_read_release_keeps_the_hold(
-    client: Client, other: Client, admin: aioredis.Redis
+    client: Client, other_client: Client, admin: aioredis.Redis
 ) -> None:
     """The issue's case: a wrong type at the rw lock's :rel key. The read hold
     stays, and a writer gets in as soon as the key is fixed and it is released."""
@@ -378,10 +370,10 @@ async def test_refused_read_release_keeps_the_hold(
     await settled(client)
     assert not lease.lost and not lease.released
     assert await rw.read.is_owned()
-    assert await other.rw_lock("n").write.try_acquire() is None
+    assert await other_client.rw_lock("n").write.try_acquire() is None
     await admin.delete("t:{n}:rel")
     await lease.release()
-    writer = await other.rw_lock("n").write.try_acquire()
+    writer = await other_client.rw_lock("n").write.try_acquire()
     assert writer is not None
     await writer.release()
 

@@ -12,8 +12,8 @@ import random
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import pytest
 
@@ -30,9 +30,9 @@ from aiolock import (
 )
 from aiolock._client import Notify
 from aiolock._primitives.rwlock import ReadLock, ReadWriteLock, WriteLock
+from tests.conftest import NOTIFY_MODES, MakeClient
 from tests.core_util import (
     assert_clean,
-    block_until,
     cancel_at_random,
     evalsha_calls,
     eventually,
@@ -40,20 +40,12 @@ from tests.core_util import (
 from tests.servers import RedisServer
 
 T = TypeVar("T")
-NOTIFY_MODES: tuple[Notify, ...] = ("pubsub", "list", "poll")
-
-
-@pytest.fixture(params=NOTIFY_MODES)
-def notify(request: pytest.FixtureRequest) -> Notify:
-    mode: Notify = request.param
-    return mode
 
 
 @pytest.fixture
-async def client(url: str, notify: Notify) -> AsyncIterator[Client]:
+def client_options(notify: Notify) -> dict[str, Any]:
     # The default 30 s lease: a waiter woken only by a TTL bound would be slow.
-    async with Client.from_url(url, prefix="rw", notify=notify) as c:
-        yield c
+    return {"prefix": "rw", "notify": notify}
 
 
 #: The shortest watchdog lease in these tests: renewed every 1.5 s, a hold
@@ -62,17 +54,15 @@ SHORT = 4.5
 
 
 @pytest.fixture
-async def other(url: str, notify: Notify) -> AsyncIterator[Client]:
+def other_client_options(notify: Notify) -> dict[str, Any]:
     # A short lease: its watchdog renews every 1.5 s and finds a lost hold fast.
-    async with Client.from_url(url, prefix="rw", notify=notify, lease=SHORT) as c:
-        yield c
+    return {"prefix": "rw", "notify": notify, "lease": SHORT}
 
 
 @pytest.fixture
-async def plain(url: str) -> AsyncIterator[Client]:
+async def plain(make_client: MakeClient) -> Client:
     """For tests that never wait (so the notify mode plays no part)."""
-    async with Client.from_url(url, prefix="rw") as c:
-        yield c
+    return await make_client(prefix="rw")
 
 
 async def in_task(coro: Awaitable[T]) -> T:
@@ -126,9 +116,9 @@ def assert_nothing_held(server: RedisServer, name: str) -> None:
 
 
 async def test_readers_share_across_two_clients(
-    client: Client, other: Client, server: RedisServer
+    client: Client, other_client: Client, server: RedisServer
 ) -> None:
-    rws = [client.rw_lock("share"), other.rw_lock("share")]
+    rws = [client.rw_lock("share"), other_client.rw_lock("share")]
     assert isinstance(rws[0], ReadWriteLock)
     assert isinstance(rws[0].read, ReadLock) and isinstance(rws[0].write, WriteLock)
     inside = 0
@@ -152,18 +142,18 @@ async def test_readers_share_across_two_clients(
     assert await in_task(rws[1].write.try_acquire()) is None
     fields = server.execute("HGETALL", "rw:{share}")
     assert fields["mode"] == "read" and fields["rc"] == "6"
-    assert sum(1 for f in fields if f.startswith("r:" + other.id)) == 3
+    assert sum(1 for f in fields if f.startswith("r:" + other_client.id)) == 3
     leave.set()
     tokens = await asyncio.gather(*tasks)
     assert len(set(tokens)) == 6, "every reader got a fresh token"
     lease = await in_task(rws[1].write.try_acquire())
     assert lease is not None and lease.fencing_token > max(tokens)
     await lease.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
     assert_nothing_held(server, "share")
 
 
-async def test_writer_excludes_readers_and_writers(client: Client, other: Client) -> None:
+async def test_writer_excludes_readers_and_writers(client: Client, other_client: Client) -> None:
     writers_in = readers_in = most_readers = 0
     write_tokens: list[int] = []
 
@@ -189,15 +179,15 @@ async def test_writer_excludes_readers_and_writers(client: Client, other: Client
 
     await asyncio.wait_for(
         asyncio.gather(
-            *(writer(c) for c in (client, other) for _ in range(2)),
-            *(reader(c) for c in (client, other) for _ in range(3)),
+            *(writer(c) for c in (client, other_client) for _ in range(2)),
+            *(reader(c) for c in (client, other_client) for _ in range(3)),
         ),
         30,
     )
     assert len(write_tokens) == 24
     assert write_tokens == sorted(write_tokens) and len(set(write_tokens)) == 24
     assert most_readers >= 2, "readers never overlapped"
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 async def test_reentrancy_of_both_sides_without_round_trips(
@@ -236,8 +226,8 @@ async def test_reentrancy_of_both_sides_without_round_trips(
     await assert_clean(client)
 
 
-async def test_downgrade(client: Client, other: Client, server: RedisServer) -> None:
-    rw, rw2 = client.rw_lock("down"), other.rw_lock("down")
+async def test_downgrade(client: Client, other_client: Client, server: RedisServer) -> None:
+    rw, rw2 = client.rw_lock("down"), other_client.rw_lock("down")
     w = await rw.write.acquire()
     r = await rw.read.acquire()
     assert r.fencing_token > w.fencing_token
@@ -256,7 +246,7 @@ async def test_downgrade(client: Client, other: Client, server: RedisServer) -> 
     await r.release()
     w2 = await in_task(rw2.write.acquire(timeout=5))
     await w2.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
     assert_nothing_held(server, "down")
 
 
@@ -289,7 +279,7 @@ async def test_upgrade_is_refused_at_once_without_touching_redis(
 
 
 async def test_writer_not_starved_by_overlapping_readers(
-    client: Client, other: Client, server: RedisServer
+    client: Client, other_client: Client, server: RedisServer
 ) -> None:
     """Readers overlap: each leaves only once another reader is in (or after
     0.2 s), so without writer preference the read count would never drop to
@@ -322,7 +312,7 @@ async def test_writer_not_starved_by_overlapping_readers(
                     pass
                 readers_in -= 1
 
-    readers = [asyncio.create_task(reader((client, other)[i % 2])) for i in range(6)]
+    readers = [asyncio.create_task(reader((client, other_client)[i % 2])) for i in range(6)]
     await eventually(lambda: reads >= 20, what="a stream of readers")
     start = loop.time()
     async with client.rw_lock("starve").write(timeout=10):
@@ -336,7 +326,7 @@ async def test_writer_not_starved_by_overlapping_readers(
     stop.set()
     await asyncio.wait_for(asyncio.gather(*readers), 10)
     assert waited < 5 and most_readers >= 3, (waited, most_readers)
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
     assert_nothing_held(server, "starve")
 
 
@@ -355,7 +345,7 @@ asyncio.run(main())
 
 
 async def test_crashed_reader_does_not_pin_the_lock(
-    url: str, client: Client, other: Client, server: RedisServer
+    url: str, client: Client, other_client: Client, server: RedisServer
 ) -> None:
     """A SIGKILLed reader (watchdog lease 4.5 s) is gone within its lease, while
     other readers keep the lock busy, and then a writer gets in."""
@@ -376,7 +366,9 @@ async def test_crashed_reader_does_not_pin_the_lock(
     try:
         assert proc.stdout is not None
         crashed_id = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()
-        readers = [asyncio.create_task(reader((client, other)[i % 2], i * 0.01)) for i in range(4)]
+        readers = [
+            asyncio.create_task(reader((client, other_client)[i % 2], i * 0.01)) for i in range(4)
+        ]
         await eventually(lambda: reads >= 10, what="readers alongside the doomed one")
         proc.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
@@ -400,33 +392,35 @@ async def test_crashed_reader_does_not_pin_the_lock(
     await asyncio.wait_for(asyncio.gather(*readers), 10)
     lease = await in_task(client.rw_lock("crash").write.acquire(timeout=3))
     await lease.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
     assert_nothing_held(server, "crash")
 
 
-async def test_fixed_lease_reader_expires_while_others_renew(client: Client, other: Client) -> None:
-    short = await in_task(other.rw_lock("fixed").read.acquire(lease=0.3))
+async def test_fixed_lease_reader_expires_while_others_renew(
+    client: Client, other_client: Client
+) -> None:
+    short = await in_task(other_client.rw_lock("fixed").read.acquire(lease=0.3))
     renewed = await in_task(client.rw_lock("fixed").read.acquire())
     await eventually(lambda: short.lost, what="the fixed lease to run out")
     await renewed.release()
-    lease = await in_task(other.rw_lock("fixed").write.acquire(timeout=3))
+    lease = await in_task(other_client.rw_lock("fixed").write.acquire(timeout=3))
     assert lease.fencing_token > renewed.fencing_token > short.fencing_token
     await lease.release()
     with pytest.raises(LockNotOwnedError):
         await short.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 async def test_cancelled_waiting_writer_lets_readers_in_at_once(
-    client: Client, other: Client, server: RedisServer, notify: Notify
+    client: Client, other_client: Client, server: RedisServer, notify: Notify
 ) -> None:
-    held = await in_task(other.rw_lock("wq").read.acquire())
+    held = await in_task(other_client.rw_lock("wq").read.acquire())
     writer = asyncio.create_task(client.rw_lock("wq").write.acquire())
     await eventually(lambda: server.execute("EXISTS", "rw:{wq}:wq") == 1, what="waiting writer")
     # A new reader is refused while the writer waits (the writer's 30 s lease
     # bounds its wait: only the wake-up can let it in early).
-    parked = asyncio.create_task(other.rw_lock("wq").read.acquire())
-    await eventually(lambda: other.statistics().waiting == 1, what="the reader to park")
+    parked = asyncio.create_task(other_client.rw_lock("wq").read.acquire())
+    await eventually(lambda: other_client.statistics().waiting == 1, what="the reader to park")
     await settled(server, notify, blpops=2)  # the writer's and the reader's
     writer.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -435,7 +429,7 @@ async def test_cancelled_waiting_writer_lets_readers_in_at_once(
     assert server.execute("EXISTS", "rw:{wq}:wq") == 0
     await lease.release()
     await held.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
     assert_nothing_held(server, "wq")
 
 
@@ -465,8 +459,10 @@ async def test_write_release_wakes_readers_of_every_client(
 # ------------------------------------------------------------------------ fencing, leases
 
 
-async def test_fencing_tokens_increase(client: Client, other: Client, server: RedisServer) -> None:
-    rw, rw2 = client.rw_lock("fence"), other.rw_lock("fence")
+async def test_fencing_tokens_increase(
+    client: Client, other_client: Client, server: RedisServer
+) -> None:
+    rw, rw2 = client.rw_lock("fence"), other_client.rw_lock("fence")
     tokens: list[int] = []
     r1 = await in_task(rw.read.acquire())
     r2 = await in_task(rw2.read.acquire())
@@ -494,17 +490,17 @@ async def test_fencing_tokens_increase(client: Client, other: Client, server: Re
     await eventually(lambda: evicted.lost, what="the evicted reader to be found lost")
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), tokens
     assert int(server.execute("PTTL", "rw:{fence}:fence")) > 0, "fence counters must expire"
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 SIDES = ("read", "write")
 
 
-async def test_lost_lease_cancels_the_body(client: Client, other: Client) -> None:
+async def test_lost_lease_cancels_the_body(client: Client, other_client: Client) -> None:
     """Evicted by another Client: the watchdog finds out, the body is cancelled."""
     loop = asyncio.get_running_loop()
     for side in SIDES:
-        view = side_of(other.rw_lock("lost"), side)
+        view = side_of(other_client.rw_lock("lost"), side)
         seen: list[Lease] = []
         with pytest.raises(LockLostError, match="lost"):
             async with view as lease:
@@ -514,7 +510,7 @@ async def test_lost_lease_cancels_the_body(client: Client, other: Client) -> Non
                 await asyncio.sleep(30)
         assert loop.time() - start < SHORT, side  # one renewal round (1.5 s), not a lease
         assert lease.lost and seen == [lease], side
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 async def test_watchdog_renews_read_and_write_holds(url: str, notify: Notify) -> None:
@@ -522,14 +518,16 @@ async def test_watchdog_renews_read_and_write_holds(url: str, notify: Notify) ->
         await _renew_both(other)
 
 
-async def _renew_both(other: Client) -> None:
-    rw = other.rw_lock("renew")
+async def _renew_both(other_client: Client) -> None:
+    rw = other_client.rw_lock("renew")
 
     async def hold_both() -> None:
         w = await rw.write.acquire()
         r = await rw.read.acquire()
-        rounds = other._engine.watchdog.rounds
-        await eventually(lambda: other._engine.watchdog.rounds >= rounds + 4, what="4", timeout=30)
+        rounds = other_client._engine.watchdog.rounds
+        await eventually(
+            lambda: other_client._engine.watchdog.rounds >= rounds + 4, what="4", timeout=30
+        )
         # 4 renewals at 1.5 s > the 4.5 s lease: only the watchdog kept them.
         assert await rw.write.is_owned() and await rw.read.is_owned()
         assert not w.lost and not r.lost
@@ -539,7 +537,7 @@ async def _renew_both(other: Client) -> None:
         await r.release()
 
     await in_task(hold_both())
-    await assert_clean(other)
+    await assert_clean(other_client)
 
 
 # ------------------------------------------------------------------------ cancellation
@@ -557,7 +555,11 @@ async def test_cancel_after_script_ran_before_reply_read(
         await asyncio.sleep(0)  # the acquire is now on the wire
         # Block the loop until the script ran: the reply arrives, unread.
         fence = f"rw:{{{name}}}:fence"
-        block_until(lambda fence=fence: server.execute("EXISTS", fence) == 1, what="the script")
+        await eventually(
+            lambda fence=fence: server.execute("EXISTS", fence) == 1,
+            block_loop=True,
+            what="the script",
+        )
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -567,7 +569,7 @@ async def test_cancel_after_script_ran_before_reply_read(
 
 
 async def test_reacquire_after_a_cancelled_acquire_keeps_the_new_hold(
-    client: Client, other: Client
+    client: Client, other_client: Client
 ) -> None:
     """The undo of a cancelled acquire must not remove the same task's next hold.
 
@@ -575,11 +577,11 @@ async def test_reacquire_after_a_cancelled_acquire_keeps_the_new_hold(
     acquires again at once, before the undo of the first call has run.
     """
     for side in SIDES:
-        await _reacquire_after_cancel(client, other, side)
-    await assert_clean(client, other)
+        await _reacquire_after_cancel(client, other_client, side)
+    await assert_clean(client, other_client)
 
 
-async def _reacquire_after_cancel(client: Client, other: Client, side: str) -> None:
+async def _reacquire_after_cancel(client: Client, other_client: Client, side: str) -> None:
     view = side_of(client.rw_lock("again"), side)
     await view.is_locked()  # connect first
     loop = asyncio.get_running_loop()
@@ -604,8 +606,8 @@ async def _reacquire_after_cancel(client: Client, other: Client, side: str) -> N
     lease = await asyncio.create_task(cancelled_then_again())
     await eventually(lambda: client.statistics().background == 0, what="the undo to run")
     assert not lease.lost, side
-    assert await side_of(other.rw_lock("again"), side).is_locked(), side
-    assert await in_task(other.rw_lock("again").write.try_acquire()) is None
+    assert await side_of(other_client.rw_lock("again"), side).is_locked(), side
+    assert await in_task(other_client.rw_lock("again").write.try_acquire()) is None
     await lease.release()  # it was still ours
 
 
@@ -624,7 +626,7 @@ async def test_cancelled_release_still_completes(client: Client, server: RedisSe
 
 
 async def test_random_cancellation_fuzz(
-    client: Client, other: Client, server: RedisServer, notify: Notify
+    client: Client, other_client: Client, server: RedisServer, notify: Notify
 ) -> None:
     """Readers and writers of two Clients, cancelled at random points.
 
@@ -678,12 +680,12 @@ async def test_random_cancellation_fuzz(
 
     cancelled = await cancel_at_random(
         rng,
-        lambda: contender(rng.choice((client, other))),
+        lambda: contender(rng.choice((client, other_client))),
         rounds=30,
         delay=lambda rng: rng.choice([0.0, rng.uniform(0, 0.002), rng.uniform(0, 0.01)]),
     )
     assert entered > 20 and cancelled > 30, (entered, cancelled)
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
     await eventually(
         lambda: server.execute("EXISTS", "rw:{fuzz}", "rw:{fuzz}:wq") == 0,
         what="no hold and no waiting writer in Redis",
@@ -694,8 +696,10 @@ async def test_random_cancellation_fuzz(
 # ------------------------------------------------------------------------ the rest of the API
 
 
-async def test_try_acquire_and_timeouts(client: Client, other: Client, server: RedisServer) -> None:
-    held = await in_task(other.rw_lock("busy").write.acquire())
+async def test_try_acquire_and_timeouts(
+    client: Client, other_client: Client, server: RedisServer
+) -> None:
+    held = await in_task(other_client.rw_lock("busy").write.acquire())
     loop = asyncio.get_running_loop()
     start = loop.time()
     assert await client.rw_lock("busy").read.try_acquire() is None
@@ -708,11 +712,11 @@ async def test_try_acquire_and_timeouts(client: Client, other: Client, server: R
     assert loop.time() - start < 5
     await held.release()
     # A writer's try_acquire that finds readers does not register as waiting.
-    reader = await in_task(other.rw_lock("busy").read.acquire())
+    reader = await in_task(other_client.rw_lock("busy").read.acquire())
     assert await client.rw_lock("busy").write.try_acquire() is None
     assert server.execute("EXISTS", "rw:{busy}:wq") == 0
     await reader.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 async def test_local_writers_queue_fifo(client: Client) -> None:
@@ -735,9 +739,9 @@ async def test_local_writers_queue_fifo(client: Client) -> None:
 
 
 async def test_queries_and_force_release(
-    client: Client, other: Client, server: RedisServer
+    client: Client, other_client: Client, server: RedisServer
 ) -> None:
-    rw, rw2 = client.rw_lock("q"), other.rw_lock("q")
+    rw, rw2 = client.rw_lock("q"), other_client.rw_lock("q")
     assert not await rw.is_locked()
     assert await rw.read.remaining_ttl() is None and await rw.write.remaining_ttl() is None
     assert not await rw.write.force_release() and not await rw.force_release()
@@ -764,7 +768,7 @@ async def test_queries_and_force_release(
     await eventually(lambda: r2.lost, what="the other Client's watchdog to notice")
     with pytest.raises(LockNotOwnedError):
         await w.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 async def test_context_forms_and_decorators(plain: Client) -> None:

@@ -11,7 +11,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -23,41 +23,24 @@ from aiolock import (
     LockNotOwnedError,
 )
 from aiolock._primitives.semaphore import Permit, Semaphore
-from tests.core_util import assert_clean, block_until, cancel_at_random, eventually
+from tests.core_util import assert_clean, cancel_at_random, eventually
 from tests.servers import RedisServer
-
-NOTIFY = ("pubsub", "list", "poll")
-
 
 #: The shortest watchdog lease in these tests (renewed every 1.5 s).
 SHORT = 4.5
 
 
-@pytest.fixture(params=NOTIFY)
-def notify(request: pytest.FixtureRequest) -> str:
-    mode: str = request.param
-    return mode
-
-
 @pytest.fixture
-async def client(url: str, notify: str) -> AsyncIterator[Client]:
+def client_options(notify: str) -> dict[str, Any]:
     # A short lease: the watchdog notices a lost hold within 1.5 s, and a
     # hold survives 3 s of scheduling stall on a loaded machine.
-    async with Client.from_url(url, prefix="s", lease=SHORT, notify=notify) as c:  # type: ignore[arg-type]
-        yield c
+    return {"prefix": "s", "lease": SHORT, "notify": notify}
 
 
 @pytest.fixture
-async def other(url: str, notify: str) -> AsyncIterator[Client]:
+def other_client_options(notify: str) -> dict[str, Any]:
     # A long lease: waiters that are not woken would wait (up to) 30 s.
-    async with Client.from_url(url, prefix="s", lease=30, notify=notify) as c:  # type: ignore[arg-type]
-        yield c
-
-
-@pytest.fixture
-async def third(url: str, notify: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="s", lease=30, notify=notify) as c:  # type: ignore[arg-type]
-        yield c
+    return {"prefix": "s", "lease": 30, "notify": notify}
 
 
 def redis_state(server: RedisServer, name: str) -> tuple[int, list[str], str | None]:
@@ -78,7 +61,7 @@ def assert_nothing_held(server: RedisServer, name: str) -> None:
 
 
 async def test_acquire_k_and_the_permit_releases_exactly_k(
-    client: Client, other: Client, server: RedisServer
+    client: Client, other_client: Client, server: RedisServer
 ) -> None:
     sem = client.semaphore("k", 5)
     assert isinstance(sem, Semaphore) and sem.permits == 5
@@ -86,7 +69,7 @@ async def test_acquire_k_and_the_permit_releases_exactly_k(
     assert isinstance(three, Permit) and three.permits == 3 and three.name == "k"
     assert not three.lost and three.fencing_token > 0
     assert await sem.available() == 2
-    one = await other.semaphore("k", 5).acquire()
+    one = await other_client.semaphore("k", 5).acquire()
     assert one.permits == 1
     assert await sem.available() == 1 and await sem.in_use() == 4
     used, members, _ = redis_state(server, "k")
@@ -106,7 +89,7 @@ async def test_acquire_k_and_the_permit_releases_exactly_k(
         assert 0 < server.execute("PTTL", key) <= client._engine.retention_ms, f"{key} has a TTL"
     with pytest.raises(LockNotOwnedError):
         await sem.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 async def test_release_from_task_releases_its_latest_acquisition(client: Client) -> None:
@@ -181,7 +164,7 @@ async def test_bad_input_is_refused_before_any_round_trip(client: Client) -> Non
 
 
 async def test_never_more_than_n_holders_across_clients(
-    client: Client, other: Client, third: Client, server: RedisServer
+    client: Client, other_client: Client, third_client: Client, server: RedisServer
 ) -> None:
     n = 3
     in_use = 0
@@ -203,16 +186,21 @@ async def test_never_more_than_n_holders_across_clients(
                 in_use -= k
 
     await asyncio.wait_for(
-        asyncio.gather(*(worker(c) for c in (client, other, third) for _ in range(3))), 30
+        asyncio.gather(
+            *(worker(c) for c in (client, other_client, third_client) for _ in range(3))
+        ),
+        30,
     )
     assert peak == n, "the test never reached contention"
     assert len(set(tokens)) == len(tokens) == 27
     assert_nothing_held(server, "n")
-    await assert_clean(client, other, third)
+    await assert_clean(client, other_client, third_client)
 
 
-async def test_try_acquire_never_blocks(client: Client, other: Client, server: RedisServer) -> None:
-    held = await other.semaphore("try", 2).acquire(2)
+async def test_try_acquire_never_blocks(
+    client: Client, other_client: Client, server: RedisServer
+) -> None:
+    held = await other_client.semaphore("try", 2).acquire(2)
     sem = client.semaphore("try", 2)
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -228,19 +216,19 @@ async def test_try_acquire_never_blocks(client: Client, other: Client, server: R
     got = await sem.try_acquire(2)
     assert got is not None and got.permits == 2
     await got.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 async def test_available_and_set_permits_while_held(
-    client: Client, other: Client, server: RedisServer
+    client: Client, other_client: Client, server: RedisServer
 ) -> None:
     sem = client.semaphore("setn", 2)
-    remote = other.semaphore("setn", 2)
+    remote = other_client.semaphore("setn", 2)
     a = await sem.acquire()
     b = await remote.acquire()
     assert await sem.available() == 0
     waiter = asyncio.create_task(remote.acquire(timeout=20))
-    await eventually(lambda: other.statistics().waiting == 1, what="a parked waiter")
+    await eventually(lambda: other_client.statistics().waiting == 1, what="a parked waiter")
     # Raise N: the waiter is woken (its own bound is 30 s away) and gets the new permit.
     await sem.set_permits(3)
     c = await asyncio.wait_for(waiter, 10)
@@ -260,7 +248,7 @@ async def test_available_and_set_permits_while_held(
     # A waiter asking for more than N is told so when N is lowered below what it asks.
     await sem.set_permits(2)
     too_big = asyncio.create_task(remote.acquire(2, timeout=20))
-    await eventually(lambda: other.statistics().waiting == 1, what="the big waiter parked")
+    await eventually(lambda: other_client.statistics().waiting == 1, what="the big waiter parked")
     await sem.set_permits(1)
     with pytest.raises(InvalidArgumentError, match="1 permits in all"):
         await asyncio.wait_for(too_big, 10)
@@ -270,22 +258,23 @@ async def test_available_and_set_permits_while_held(
     assert server.execute("HGET", "s:{setn}", "n") == "1"
     assert 0 < server.execute("PTTL", "s:{setn}") <= client._engine.retention_ms
     assert await client.semaphore("setn", 2).get_permits() == 1
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 # --------------------------------------------------------------------------- wake-ups
 
 
 async def test_release_of_k_permits_wakes_k_waiters(
-    client: Client, other: Client, third: Client
+    client: Client, other_client: Client, third_client: Client
 ) -> None:
     holder = await client.semaphore("wake", 3).acquire(3, lease=30)  # expires far away
     waiters = [
         asyncio.create_task(c.semaphore("wake", 3).acquire(timeout=20))
-        for c in (other, other, third, third)
+        for c in (other_client, other_client, third_client, third_client)
     ]
     await eventually(
-        lambda: other.statistics().waiting + third.statistics().waiting == 4, what="4 parked"
+        lambda: other_client.statistics().waiting + third_client.statistics().waiting == 4,
+        what="4 parked",
     )
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -301,11 +290,11 @@ async def test_release_of_k_permits_wakes_k_waiters(
     for task in waiters:
         if not task.result().released:
             await task.result().release()
-    await assert_clean(client, other, third)
+    await assert_clean(client, other_client, third_client)
 
 
 async def test_big_waiter_is_not_starved_by_small_ones(
-    client: Client, other: Client, third: Client, server: RedisServer
+    client: Client, other_client: Client, third_client: Client, server: RedisServer
 ) -> None:
     n = 4
     stop = asyncio.Event()
@@ -321,7 +310,7 @@ async def test_big_waiter_is_not_starved_by_small_ones(
 
     # Eight small ones keep all four permits busy: they are never all free at once.
     rng = random.Random(3)
-    smalls = [asyncio.create_task(small(c)) for c in (other, third) for _ in range(4)]
+    smalls = [asyncio.create_task(small(c)) for c in (other_client, third_client) for _ in range(4)]
     await eventually(lambda: small_grants > 20, what="the small ones running")
     big = await client.semaphore("starve", n).acquire(n, timeout=5)
     assert big.permits == n and await client.semaphore("starve", n).available() == 0
@@ -333,25 +322,25 @@ async def test_big_waiter_is_not_starved_by_small_ones(
     stop.set()
     await asyncio.wait_for(asyncio.gather(*smalls), 20)
     assert_nothing_held(server, "starve")
-    await assert_clean(client, other, third)
+    await assert_clean(client, other_client, third_client)
 
 
 async def test_the_longest_waiter_takes_the_claim_over(
-    client: Client, other: Client, third: Client, server: RedisServer
+    client: Client, other_client: Client, third_client: Client, server: RedisServer
 ) -> None:
     holder = await client.semaphore("old", 2).acquire(2)
-    first = asyncio.create_task(other.semaphore("old", 2).acquire(1))
+    first = asyncio.create_task(other_client.semaphore("old", 2).acquire(1))
     await eventually(lambda: (redis_state(server, "old")[2] or "").startswith("1|"), what="a claim")
     # The big waiter fails while the small one holds the claim: it waits unclaimed.
-    big = asyncio.create_task(third.semaphore("old", 2).acquire(2))
-    await eventually(lambda: third.statistics().waiting == 1, what="the big waiter waiting")
+    big = asyncio.create_task(third_client.semaphore("old", 2).acquire(2))
+    await eventually(lambda: third_client.statistics().waiting == 1, what="the big waiter waiting")
     assert (redis_state(server, "old")[2] or "").startswith("1|")
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first
     # A younger small waiter may take the free claim, but the big one, older,
     # takes it over on its next try.
-    young = asyncio.create_task(other.semaphore("old", 2).acquire(1))
+    young = asyncio.create_task(other_client.semaphore("old", 2).acquire(1))
     await eventually(
         lambda: (redis_state(server, "old")[2] or "").startswith("2|"), what="the big one's claim"
     )
@@ -362,52 +351,52 @@ async def test_the_longest_waiter_takes_the_claim_over(
     small = await asyncio.wait_for(young, 20)
     await small.release()
     assert_nothing_held(server, "old")
-    await assert_clean(client, other, third)
+    await assert_clean(client, other_client, third_client)
 
 
 async def test_a_cancelled_claimant_gives_way_at_once(
-    client: Client, other: Client, server: RedisServer
+    client: Client, other_client: Client, server: RedisServer
 ) -> None:
-    held = await other.semaphore("claim", 3).acquire(2)
+    held = await other_client.semaphore("claim", 3).acquire(2)
     big = asyncio.create_task(client.semaphore("claim", 3).acquire(3))
     await eventually(lambda: redis_state(server, "claim")[2] is not None, what="a claim")
     # The claim keeps the free permit for the big waiter ...
-    assert await other.semaphore("claim", 3).try_acquire() is None
+    assert await other_client.semaphore("claim", 3).try_acquire() is None
     big.cancel()
     with pytest.raises(asyncio.CancelledError):
         await big
     # ... and is dropped as soon as it gives up.
     await eventually(lambda: redis_state(server, "claim")[2] is None, what="claim dropped")
-    small = await other.semaphore("claim", 3).try_acquire()
+    small = await other_client.semaphore("claim", 3).try_acquire()
     assert small is not None
     await small.release()
     await held.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 # --------------------------------------------------------------------------- leases
 
 
-async def test_fencing_tokens_strictly_increase(client: Client, other: Client) -> None:
+async def test_fencing_tokens_strictly_increase(client: Client, other_client: Client) -> None:
     tokens = []
     for i in range(6):
-        c = (client, other)[i % 2]
+        c = (client, other_client)[i % 2]
         permit = await c.semaphore("fence", 2).acquire(1 + i % 2)
         tokens.append(permit.fencing_token)
         await permit.release()
     a = await client.semaphore("fence", 2).acquire()
-    b = await other.semaphore("fence", 2).acquire()
+    b = await other_client.semaphore("fence", 2).acquire()
     tokens += [a.fencing_token, b.fencing_token]
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
     await a.release()
     await b.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 async def test_fixed_lease_holder_that_never_releases_gives_permits_back(
-    client: Client, other: Client, server: RedisServer
+    client: Client, other_client: Client, server: RedisServer
 ) -> None:
-    sem = other.semaphore("fixed", 2)
+    sem = other_client.semaphore("fixed", 2)
     stale = await sem.acquire(2, lease=2)
     await stale.extend(6)  # a fixed lease is moved, never shortened
     loop = asyncio.get_running_loop()
@@ -421,7 +410,7 @@ async def test_fixed_lease_holder_that_never_releases_gives_permits_back(
     assert got.fencing_token > stale.fencing_token
     await got.release()
     assert_nothing_held(server, "fixed")
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
 _HOLDER = """
@@ -499,7 +488,9 @@ async def test_cancel_after_the_grant_before_the_reply_was_read(
     task = asyncio.create_task(sem.acquire(2))
     await asyncio.sleep(0)  # the acquire is on the wire
     # Block the loop until the script ran: the reply arrives, unread.
-    block_until(lambda: server.execute("EXISTS", "s:{late}:fence") == 1)
+    await eventually(
+        lambda: server.execute("EXISTS", "s:{late}:fence") == 1, block_loop=True, what="the script"
+    )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -521,7 +512,7 @@ async def test_cancelled_release_still_completes(client: Client, server: RedisSe
 
 
 async def test_random_cancellation_fuzz_leaves_nothing_behind(
-    client: Client, other: Client, server: RedisServer
+    client: Client, other_client: Client, server: RedisServer
 ) -> None:
     n = 3
     rng = random.Random(11)
@@ -556,10 +547,10 @@ async def test_random_cancellation_fuzz_leaves_nothing_behind(
             await permit.release()
 
     cancelled = await cancel_at_random(
-        rng, lambda: contender(rng.choice((client, other))), rounds=40
+        rng, lambda: contender(rng.choice((client, other_client))), rounds=40
     )
     assert granted > 25 and cancelled > 40, (granted, cancelled)
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
     assert_nothing_held(server, "fuzz")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -13,21 +13,14 @@ from tests.core_util import assert_clean
 
 
 @pytest.fixture
-async def client(url: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="s") as c:
-        yield c
+def client_options() -> dict[str, Any]:
+    return {"prefix": "s"}
 
 
-@pytest.fixture
-async def other(url: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="s") as c:
-        yield c
-
-
-async def test_spin_lock_never_subscribes(client: Client, other: Client) -> None:
+async def test_spin_lock_never_subscribes(client: Client, other_client: Client) -> None:
     spin = client.spin_lock("k")
     assert isinstance(spin, SpinLock)
-    held = await other.lock("k").acquire()  # one lock: same keys as AsyncLock
+    held = await other_client.lock("k").acquire()  # one lock: same keys as AsyncLock
     waiter = asyncio.create_task(spin.acquire(timeout=20))
     await asyncio.sleep(0.1)
     assert client.statistics().subscriptions == 0
@@ -36,10 +29,10 @@ async def test_spin_lock_never_subscribes(client: Client, other: Client) -> None
     lease = await waiter
     assert lease.fencing_token > held.fencing_token
     await lease.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
-async def test_last_sleep_is_cut_to_the_deadline(client: Client, other: Client) -> None:
+async def test_last_sleep_is_cut_to_the_deadline(client: Client, other_client: Client) -> None:
     """The issue's case, stretched so that scheduling stalls of a loaded
     machine (seconds) cannot decide it: a backoff from 0.5 s, x4, tries at
     0, 0.5 and 2.5 s; its next sleep, 8 s, would end at 10.5 s. The lock is
@@ -49,7 +42,7 @@ async def test_last_sleep_is_cut_to_the_deadline(client: Client, other: Client) 
     """
     backoff = Backoff(initial=0.5, factor=4.0, maximum=100.0, jitter=0.0)
     spin = client.spin_lock("deadline", backoff=backoff)
-    held = await other.lock("deadline").acquire()
+    held = await other_client.lock("deadline").acquire()
     loop = asyncio.get_running_loop()
     start = loop.time()
     loop.call_later(2.6, lambda: asyncio.ensure_future(held.release()))
@@ -58,11 +51,11 @@ async def test_last_sleep_is_cut_to_the_deadline(client: Client, other: Client) 
     assert lease is not None, "gave up although the lock was free before the deadline"
     assert elapsed < 6 + 3  # at the deadline (plus slack), not after the 8 s sleep (10.5 s)
     await lease.release()
-    await assert_clean(client, other)
+    await assert_clean(client, other_client)
 
 
-async def test_spin_timeout_is_honoured(client: Client, other: Client) -> None:
-    held = await other.lock("busy").acquire()
+async def test_spin_timeout_is_honoured(client: Client, other_client: Client) -> None:
+    held = await other_client.lock("busy").acquire()
     loop = asyncio.get_running_loop()
     start = loop.time()
     with pytest.raises(LockTimeoutError):

@@ -6,7 +6,6 @@ import asyncio
 import math
 import threading
 import types
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -27,9 +26,8 @@ from tests.servers import RedisServer
 
 
 @pytest.fixture
-async def client(url: str) -> AsyncIterator[Client]:
-    async with Client.from_url(url, prefix="v") as c:
-        yield c
+def client_options() -> dict[str, Any]:
+    return {"prefix": "v"}
 
 
 def assert_untouched(client: Client, server: RedisServer) -> None:

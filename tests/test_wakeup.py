@@ -15,14 +15,14 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
 import pytest
 
 from aiolock import Client, ClientClosedError, Lease
 from aiolock._core.notify import ListWaiter
-from tests.core_util import assert_clean, block_until, evalsha_calls, eventually
+from tests.conftest import MakeClient
+from tests.core_util import assert_clean, evalsha_calls, eventually
 from tests.servers import RedisServer, TcpProxy
 
 PREFIX = "wk"
@@ -32,13 +32,8 @@ LEASE = 60.0
 
 
 @pytest.fixture
-async def clients(url: str) -> AsyncIterator[list[Client]]:
-    async with AsyncExitStack() as stack:
-        made = [
-            await stack.enter_async_context(Client.from_url(url, prefix=PREFIX, lease=LEASE))
-            for _ in range(5)
-        ]
-        yield made
+async def clients(make_client: MakeClient) -> list[Client]:
+    return [await make_client(prefix=PREFIX, lease=LEASE) for _ in range(5)]
 
 
 def waiting_set(server: RedisServer, name: str) -> list[str]:
@@ -138,7 +133,9 @@ async def test_a_wake_up_aimed_at_a_client_that_gave_up_is_passed_on(
     release = asyncio.create_task(held.release())
     await asyncio.sleep(0)  # the release is on the wire
     # Block the loop: Redis runs the release and aims the wake-up at `target` ...
-    block_until(lambda: evalsha_calls(server) > calls, what="the release script")
+    await eventually(
+        lambda: evalsha_calls(server) > calls, block_loop=True, what="the release script"
+    )
     # ... which gives up before it could try.
     if how == "cancelled":
         tasks[i].cancel()
@@ -237,7 +234,9 @@ async def test_a_grant_to_a_task_that_gave_up_goes_to_the_next_local_task(
     release = asyncio.create_task(held.release())
     await asyncio.sleep(0)  # the release is on the wire
     # Block the loop until Redis ran the release (it grants the lock to `head`).
-    block_until(lambda: evalsha_calls(server) > calls, what="the release script")
+    await eventually(
+        lambda: evalsha_calls(server) > calls, block_loop=True, what="the release script"
+    )
     head.cancel()
     started = loop.time()
     await release
