@@ -157,7 +157,7 @@ def main() -> None:
                 touches[m] = n
     print(f"primitive touches of Client internals: {sum(touches.values())} {touches}")
     used: set[str] = set()
-    for m, p in mods.items():
+    for m in mods:
         if "._primitives" in m:
             used |= engine_names(trees[m])
     print(f"Engine names the primitives use: {len(used)} {sorted(used)}")

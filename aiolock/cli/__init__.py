@@ -146,4 +146,3 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     finally:
         if resolved.embedded is not None:
             resolved.embedded.stop()
-
