@@ -2,20 +2,26 @@
 
 General layout
 --------------
-* ``_client``: the Client, one per event loop. It owns the only shared
-  resources: one multiplexed command connection (``_connection``) and a
-  second one for the watchdog's renewals, one pub/sub listener task
-  (``_listener``, also home of the wait queue every primitive parks on),
-  one watchdog task (``_watchdog``) and the Lua scripts
-  (``_scripts`` and ``scripts/*.lua``, one file per operation).
-* ``_primitive``: what every primitive shares: the try-then-park loop
-  (``compete``) and the ``async with`` / decorator protocol.
-* ``_notify``: the three ways a waiter is woken (pub/sub, BLPOP, polling).
-* ``_lock`` and its siblings: the primitives, thin objects of a name plus a
-  protocol.
-* ``_lease``: holds (an ownership in Redis) and Leases (one per acquire).
-* ``_errors``, ``_validate``, ``_owner``: the error types, argument checks
-  and the ``<client id>:<task serial>`` owner identity.
+Each layer imports only the ones below it (``lint-imports`` checks it; the
+map, with the life of one ``acquire``, is ARCHITECTURE.md):
+
+* ``_client``: ``Client``, the public facade, one per event loop. It checks
+  the options, makes the Engine and hands out primitives.
+* ``_primitives``: the lock family (``lock``, ``fair``, ``rwlock``,
+  ``semaphore``, ``spin``, ``multi``, ``latch``) over one small base
+  (``base``: the try-then-park loop ``compete`` and the ``async with`` /
+  decorator protocol). A primitive is a name, its keys and its protocol.
+* ``_core``: the engine below them. ``engine`` runs a script for a key
+  (routing), keeps every hold alive and every local state; below it the
+  one watchdog, the one pub/sub listener, the waiters (``notify``), the one
+  local wait queue (``parking``), holds and leases (``lease``), every key
+  and channel name (``keys``), the scripts (``scripts`` and
+  ``scripts/*.lua``, one file per operation), the connections
+  (``connection``, ``dialer``, and ``redis_compat``, the one place that
+  touches redis-py's internals), and the basics (``errors``, ``validate``,
+  ``futures``, ``owner``).
+* ``cli``: the ``aiolock`` command, the demo and the embedded server; the
+  library never imports it.
 
 Only the names below are public; everything in a ``_module`` is private.
 """
