@@ -5,12 +5,13 @@ General layout
 * ``_client``: the Client, one per event loop. It owns the only shared
   resources: one multiplexed command connection (``_connection``) and a
   second one for the watchdog's renewals, one pub/sub listener task
-  (``_listener``, also home of the wait queue every primitive parks on),
-  one watchdog task (``_watchdog``) and the Lua scripts
+  (``_listener``), one watchdog task (``_watchdog``) and the Lua scripts
   (``_scripts`` and ``scripts/*.lua``, one file per operation).
 * ``_primitive``: what every primitive shares: the try-then-park loop
   (``compete``) and the ``async with`` / decorator protocol.
 * ``_notify``: the three ways a waiter is woken (pub/sub, BLPOP, polling).
+* ``_core/parking``: ``ParkingLot``, the one local wait queue every primitive
+  parks on (local FIFOs, fair lock tickets, the listener's channels).
 * ``_lock`` and its siblings: the primitives, thin objects of a name plus a
   protocol.
 * ``_lease``: holds (an ownership in Redis) and Leases (one per acquire).
