@@ -15,15 +15,16 @@ took.
 
 What a waiter costs
 -------------------
-A parked waiter is one asyncio future (which its task awaits directly, with
-no coroutine frame of ours in between), one reference in a deque and, when
-it has a timeout, one TimerHandle. An owner that needs to know more about a
-waiter (the plain lock: which task, which lease) subclasses `Parked` and
-adds slots: the entry is then that one small object, 56 bytes with three
-slots. With 100,000 tasks waiting, the lot adds nothing else: no dict, no
-closure, no callback per waiter. Parking is an append and waking the head
-a popleft: O(1), no extra await, no extra loop turn (the woken task runs on
-the loop's next turn, as after any ``set_result``).
+A parked waiter is one asyncio future, which its task awaits itself (the
+plain lock awaits it inline in ``acquire``: no coroutine frame of ours per
+waiter), one entry object holding that future, one reference in a deque
+and, when it has a timeout, one TimerHandle. The entry is a `Parked`, 40
+bytes with its one slot; an owner that must know more about a waiter
+subclasses it with ``__slots__`` (the plain lock's `_Turn` adds the task
+and its lease: 56 bytes). With 100,000 tasks waiting, the lot adds nothing
+else: no dict, no closure, no callback per waiter. Parking is an append and
+waking the head a popleft: O(1), with no extra await and no extra loop turn
+(the woken task runs on the loop's next turn, as after any ``set_result``).
 
 Why removal is lazy
 -------------------
