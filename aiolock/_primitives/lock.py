@@ -497,7 +497,7 @@ class AsyncLock(SingleHolder):
                 state.gave_up(fut)
                 raise
             finally:
-                state.left(timer)
+                state.lot.unparked(timer)
             handed = state.took(got)
             if handed is not None:
                 return handed.new_lease()
