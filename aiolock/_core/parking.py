@@ -43,9 +43,10 @@ Why a wake-up passes on
 In asyncio, waking a task is ``fut.set_result(value)``; the task runs later.
 If it is cancelled in between, it will never act on the wake-up, and the
 wake-up would be lost: with a lock, every other waiter would hang. trio
-avoids this by design (a cancelled task leaves its lot before it can be
-woken); asyncio cannot, since ``task.cancel()`` does not touch a future that
-is already done. So a cancelled waiter asks `handed` whether a wake-up
+does not need this (a task its lot has rescheduled takes what it was given,
+and a cancellation waits for its next checkpoint); asyncio does, since
+``task.cancel()`` of a task whose future is already done throws
+CancelledError into it before it has seen the result. So a cancelled waiter asks `handed` whether a wake-up
 reached it, and if so its owner passes it on: a turn goes to the next
 waiter (or frees the lock), a Hold handed over is released (which hands it
 on in turn), a channel's wake-up wakes the next parked task or becomes a
