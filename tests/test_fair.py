@@ -94,8 +94,7 @@ def parked(client: Client) -> int:
         1
         for state in client._engine.states.values()
         if isinstance(state, _FairState)
-        for ticket in state.tickets.values()
-        if ticket._fut is not None and not ticket._fut.done()
+        for _ in state.lot  # (the live entries: tickets parked right now)
     )
 
 

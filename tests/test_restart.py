@@ -63,7 +63,7 @@ async def test_restart_never_hands_a_local_waiter_a_lower_token(
 
         waiter = asyncio.create_task(t2())
         state = a._engine.states[lock_a._key]
-        await eventually(lambda: state.live == 1, what="t2 to queue behind t1 locally")
+        await eventually(lambda: len(state.lot) == 1, what="t2 to queue behind t1 locally")
 
         fresh_server.restart()  # every key gone, fence counters too
 
@@ -151,7 +151,7 @@ async def test_healthy_reconnect_keeps_holds_and_free_local_handoffs(
 
         waiter = asyncio.create_task(lock.acquire())
         state = a._engine.states[lock._key]
-        await eventually(lambda: state.live == 1, what="the waiter to queue locally")
+        await eventually(lambda: len(state.lot) == 1, what="the waiter to queue locally")
         calls = evalsha_calls(fresh_server)
         await first.release()
         second = await asyncio.wait_for(waiter, 20)
@@ -172,7 +172,7 @@ async def test_release_before_the_check_goes_to_the_server(fresh_server: ServerP
         first = await lock.acquire()
         waiter = asyncio.create_task(lock.acquire())
         state = a._engine.states[lock._key]
-        await eventually(lambda: state.live == 1, what="t2 to queue behind t1 locally")
+        await eventually(lambda: len(state.lot) == 1, what="t2 to queue behind t1 locally")
         epoch = a._engine.epoch
 
         fresh_server.restart()

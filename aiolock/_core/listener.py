@@ -1,12 +1,12 @@
-"""The Client's one pub/sub listener and the wait queue every primitive parks on.
+"""The Client's one pub/sub listener and its channels, where waiting primitives park.
 
-Why one queue type
-------------------
-Every waiting primitive (lock, fair lock, semaphore, latch, ...) waits the
-same way: it registers interest in its channel, tries, and if that failed it
-parks on the channel until a message (or the holder's TTL) says "try again".
-So fairness, wake-up policy and cancellation live in one class, `Channel`, and
-the primitives only decide *when* to park and *what* to try.
+Channels
+--------
+A waiting primitive (lock, fair lock, semaphore, latch, ...) registers
+interest in its channel, tries, and if that failed it parks on the channel
+until a message (or the holder's TTL) says "try again". The parked tasks of a
+`Channel` are kept in a `ParkingLot` (see ``_core/parking.py``), the one wait
+queue every local wait uses; the channel adds only its wake-up policy.
 
 A `Channel` is reference counted: the listener subscribes when the first
 waiter registers and unsubscribes after the last one leaves. One dedicated
@@ -38,8 +38,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from .connection import pack
 from .dialer import Dialer, Link
 from .errors import ClientClosedError
-from .futures import expire, retrieve
+from .futures import retrieve
 from .hiredis import hiredis
+from .parking import Parked, ParkingLot
 from .redis_compat import ConnectionFactory
 
 __all__ = ["WAKE_ALL", "WAKE_ONE", "Channel", "Listener"]
@@ -56,9 +57,8 @@ class Channel:
 
     __slots__ = (
         "_confirmed",
-        "_live",
+        "_lot",
         "_permits",
-        "_waiters",
         "closed",
         "grant_sink",
         "handler",
@@ -71,11 +71,9 @@ class Channel:
         self.name = name
         self.refs = 0
         self._confirmed: asyncio.Event | None = None
-        # Parked waiters, FIFO. One that timed out or was cancelled stays,
-        # dead (done), until a wake-up reaches it or a compaction drops it:
-        # O(1) per waiter that gives up, even with 100,000 parked at once.
-        self._waiters: deque[asyncio.Future[bool]] = deque()
-        self._live = 0  # waiters parked right now
+        # Parked waiters, FIFO (O(1) per waiter that gives up, even with
+        # 100,000 parked at once: see _core/parking.py).
+        self._lot: ParkingLot[Parked] = ParkingLot()
         self._permits = 0
         self.closed = False
         self.resync = False
@@ -128,7 +126,7 @@ class Channel:
 
     @property
     def parked(self) -> int:
-        return self._live
+        return len(self._lot)
 
     async def wait(self, timeout: float | None) -> bool:
         """Park until woken (True) or until ``timeout`` seconds passed (False).
@@ -142,33 +140,21 @@ class Channel:
             raise ClientClosedError("the aiolock Client was closed while waiting")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
-        timer = None
-        if timeout is not None:
-            timer = loop.call_later(max(timeout, 0.0), expire, fut)
-        self._waiters.append(fut)
-        self._live += 1
+        lot = self._lot
+        timer = lot.park(Parked(fut), None if timeout is None else loop.time() + max(timeout, 0.0))
         try:
             woken = await fut
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled() and fut.result():
+            if ParkingLot.handed(fut):
                 self.wake_one()  # we were woken but will not run: pass it on
             raise
         finally:
-            self._live -= 1
-            if timer is not None:
-                timer.cancel()
-            if len(self._waiters) > 2 * self._live + 32:
-                # Most entries are dead: drop them all at once (amortised O(1)).
-                self._waiters = deque(f for f in self._waiters if not f.done())
+            lot.unparked(timer)
         return woken
 
     def wake_one(self) -> None:
-        waiters = self._waiters
-        while waiters:
-            fut = waiters.popleft()
-            if not fut.done():
-                fut.set_result(True)
-                return
+        if self._lot.unpark(True) is not None:
+            return
         # Nobody parked right now: keep a permit for the next wait(), but never
         # more than there are registered waiters.
         if self._permits < self.refs:
@@ -196,19 +182,13 @@ class Channel:
         if self.handler is not None:
             self.handler(WAKE_ALL)
             return
-        waiters, self._waiters = self._waiters, deque()
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(True)
+        self._lot.unpark_all(True)
         self._permits = self.refs
 
     def close(self) -> None:
         """Fail every parked waiter with ClientClosedError."""
         self.closed = True
-        waiters, self._waiters = self._waiters, deque()
-        for fut in waiters:
-            if not fut.done():
-                fut.set_exception(ClientClosedError("the aiolock Client was closed while waiting"))
+        self._lot.close()
         if self._confirmed is not None:
             self._confirmed.set()
 

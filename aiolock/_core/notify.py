@@ -3,7 +3,9 @@
 Every primitive waits the same way (see ``_listener``): register, make sure
 the registration is live, try, and if that failed park until woken or until
 a bound (the holder's TTL, the caller's deadline) passes, then try again. A
-*Waiter* is one task's registration; the mode decides what wakes it:
+*Waiter* is one task's registration; the mode decides what wakes it. In
+``pubsub`` and ``list`` mode the task parks on a `Channel`, in its
+`ParkingLot` (``_parking``, the one local wait queue):
 
 ``pubsub`` (default)
     The Client's one listener connection, one reference-counted channel per

@@ -42,6 +42,7 @@ from .._core.keys import FairKeys
 from .._core.lease import Hold, Lease
 from .._core.listener import WAKE_ALL, Channel
 from .._core.owner import task_serial
+from .._core.parking import Parked, ParkingLot
 from .._core.validate import to_ms
 from .base import SingleHolder, _Entry, compete, current_task, ttl_hint
 
@@ -56,14 +57,15 @@ _MODES = {"pubsub": "p", "list": "l", "poll": "x"}
 class _Ticket:
     """One waiting acquire call: its queue entry's id and how its task is woken.
 
-    It is the ``Waiter`` that ``compete`` parks on: ``wake()`` (the lock was
-    handed to this call, or the channel was resynchronised) ends the park at
-    once, or the next one if it is not parked now; ``nudge(s)`` only brings
-    the end of the park forward to ``s`` seconds from now.
+    It is the ``Waiter`` that ``compete`` parks on, in the name's ParkingLot
+    (``_parked``: its entry there while it is parked): ``wake()`` (the lock
+    was handed to this call, or the channel was resynchronised) ends the park
+    at once, or the next one if it is not parked now; ``nudge(s)`` only
+    brings the end of the park forward to ``s`` seconds from now.
     """
 
     __slots__ = (
-        "_fut",
+        "_parked",
         "_permit",
         "_polls",
         "_recheck",
@@ -81,7 +83,7 @@ class _Ticket:
         self.channel: Channel | None = None
         # True once Redis answered that the call is in the queue.
         self.queued = False
-        self._fut: asyncio.Future[bool] | None = None
+        self._parked: Parked | None = None
         self._permit = False
         self._recheck: float | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -91,17 +93,16 @@ class _Ticket:
     # -- driven by messages ----------------------------------------------------------------
 
     def wake(self) -> None:
-        fut = self._fut
-        if fut is not None and not fut.done():
-            fut.set_result(True)
-        else:
+        parked = self._parked
+        if parked is None or not self.state.lot.wake(parked):
             self._permit = True
 
     def nudge(self, seconds: float) -> None:
         loop = asyncio.get_running_loop()
         at = loop.time() + seconds
-        fut = self._fut
-        if fut is not None and not fut.done():
+        parked = self._parked
+        if parked is not None and not parked.fut.done():
+            fut = parked.fut
             if self._until is None or at < self._until:
                 self._until = at
                 if self._timer is not None:
@@ -109,11 +110,6 @@ class _Ticket:
                 self._timer = loop.call_at(at, expire, fut)
         elif self._recheck is None or at < self._recheck:
             self._recheck = at
-
-    def fail(self, error: BaseException) -> None:
-        fut = self._fut
-        if fut is not None and not fut.done():
-            fut.set_exception(error)
 
     # -- the Waiter protocol (see _notify) ---------------------------------------------------
 
@@ -145,17 +141,17 @@ class _Ticket:
         if recheck is not None and (until is None or recheck < until):
             until = recheck
         fut: asyncio.Future[bool] = loop.create_future()
-        self._fut = fut
+        self._parked = parked = Parked(fut)
         self._until = until
-        self._timer = loop.call_at(until, expire, fut) if until is not None else None
+        lot = self.state.lot
+        self._timer = lot.park(parked, until)
         try:
             return await fut
         finally:
-            self._fut = None
+            self._parked = None
             self._until = None
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            lot.unparked(self._timer)  # (nudge() may have replaced the timer)
+            self._timer = None
 
     def close(self, *, linger: bool = False) -> None:
         channel, self.channel = self.channel, None
@@ -197,6 +193,7 @@ class _FairState:
         "key",
         "keys",
         "live",
+        "lot",
         "queue_key",
         "signal_key",
         "tail",
@@ -215,6 +212,8 @@ class _FairState:
         self.signal_key = names.client_signal(engine.id)
         self.held: list[Hold] = []
         self.tickets: dict[str, _Ticket] = {}
+        # The calls' tickets parked right now (woken by id: see dispatch).
+        self.lot: ParkingLot[Parked] = ParkingLot()
         self.live = _Liveness(self)
         self.closed = False
 
@@ -232,8 +231,8 @@ class _FairState:
         self.closed = True
         engine = self.engine
         engine.untrack(self.live)
+        self.lot.close()
         for ticket in list(self.tickets.values()):
-            ticket.fail(ClientClosedError("the aiolock Client was closed while waiting"))
             args = (ticket.wid, engine.retention_ms, *self.tail)
             engine.submit_script("fair_leave", self.keys, args).add_done_callback(retrieve)
 

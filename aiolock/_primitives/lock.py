@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from .._core.errors import ClientClosedError, LockTimeoutError
-from .._core.futures import Outcome, expire
+from .._core.errors import LockTimeoutError
+from .._core.futures import Outcome
 from .._core.keys import LockKeys
 from .._core.lease import Hold, Lease
+from .._core.parking import Parked, ParkingLot
 from .._core.validate import to_ms
 from .base import SingleHolder, _Entry, compete, ttl_hint
 
@@ -30,11 +30,11 @@ TOKEN_RESERVE = COHORT_BOUND
 COHORT_YIELD = 0.002
 
 
-class _Turn:
+class _Turn(Parked):
     """A task waiting in a LocalQueue: its future gets True (your turn: go
     and compete), a Hold (the lock was handed to you), or False (timeout)."""
 
-    __slots__ = ("fut", "lease", "task")
+    __slots__ = ("lease", "task")
 
     def __init__(
         self, fut: asyncio.Future[bool | Hold], task: asyncio.Task[Any], lease: float | None
@@ -80,10 +80,9 @@ class LocalQueue:
         "handoffs",
         "hold",
         "key",
-        "live",
         "lock",
+        "lot",
         "member",
-        "queue",
         "yield_next",
     )
 
@@ -102,17 +101,15 @@ class LocalQueue:
         # A grant to that entry, received but not taken up yet: (token,
         # tokens reserved, member, when it arrived, connection epoch then).
         self.grant: tuple[int, int, str, float, int] | None = None
-        # FIFO of waiting turns. A turn whose task gave up stays in it, dead
-        # (its future is done), until it reaches the head: removal is O(1)
-        # for each of the 100,000 waiters cancelled at once.
-        self.queue: deque[_Turn] = deque()
-        self.live = 0
+        # The waiting turns, FIFO (see _core/parking.py: a turn whose task gave
+        # up is dropped lazily, O(1) for each of 100,000 waiters cancelled at once).
+        self.lot: ParkingLot[_Turn] = ParkingLot()
 
     def holds(self) -> list[Hold]:
         return [self.hold] if self.hold is not None else []
 
     def waiting(self) -> int:
-        return self.live + (1 if self.competing else 0)
+        return len(self.lot) + (1 if self.competing else 0)
 
     def set_competing(self, value: bool) -> None:
         self.competing = value
@@ -147,27 +144,19 @@ class LocalQueue:
         if deadline is not None and deadline <= loop.time():
             raise LockTimeoutError("the lock is busy and the timeout allowed no wait")
         fut: asyncio.Future[bool | Hold] = loop.create_future()
-        self.queue.append(_Turn(fut, task, lease))
-        self.live += 1
-        timer = loop.call_at(deadline, expire, fut) if deadline is not None else None
-        return fut, timer
+        return fut, self.lot.park(_Turn(fut, task, lease), deadline)
 
     def gave_up(self, fut: asyncio.Future[bool | Hold]) -> None:
         """The waiting task was cancelled: pass on what may have reached it."""
-        if fut.cancelled():
-            return  # cancelled while queued (the common case): nothing reached it
-        if fut.done() and fut.exception() is None:
-            result = fut.result()
-            if isinstance(result, Hold):
-                # The lock was handed to us, but we will not take it.
-                self.engine.spawn(result.new_lease().release())
-            elif result:
-                self.pass_turn()  # our turn came, but we will not take it
+        handed = ParkingLot.handed(fut)  # (None, the common case: cancelled while queued)
+        if isinstance(handed, Hold):
+            # The lock was handed to us, but we will not take it.
+            self.engine.spawn(handed.new_lease().release())
+        elif handed:
+            self.pass_turn()  # our turn came, but we will not take it
 
     def left(self, timer: asyncio.TimerHandle | None) -> None:
-        self.live -= 1
-        if timer is not None:
-            timer.cancel()
+        self.lot.unparked(timer)
 
     @staticmethod
     def took(got: bool | Hold) -> Hold | None:
@@ -178,17 +167,8 @@ class LocalQueue:
             raise LockTimeoutError("timed out waiting for the lock")
         return None
 
-    def _next(self) -> _Turn | None:
-        queue = self.queue
-        while queue and queue[0].fut.done():
-            queue.popleft()
-        return queue[0] if queue else None
-
     def pass_turn(self) -> None:
-        turn = self._next()
-        if turn is not None:
-            self.queue.popleft()
-            turn.fut.set_result(True)
+        if self.lot.unpark(True) is not None:
             return
         if self.member:
             # Nobody here waits on: leave the waiting set in Redis, and pass on
@@ -207,7 +187,7 @@ class LocalQueue:
     def release(self, hold: Hold) -> asyncio.Future[int]:
         """Release ``hold`` in Redis, handing the lock to the next local task if one waits."""
         engine = self.engine
-        turn = self._next()
+        turn = self.lot.first()
         lock = self.lock
         if turn is None or lock is None or self.hold is not hold:
             self.handoffs = 0
@@ -281,8 +261,7 @@ class LocalQueue:
             redis_identity=hold,
         )
         new.reserve = hold.reserve - 1
-        _take(self.queue, turn)
-        turn.fut.set_result(new)
+        self.lot.hand(turn, new)
         done = Outcome(loop=loop)
         done.set_result(1)
         return done
@@ -309,13 +288,10 @@ class LocalQueue:
         new.reserve = TOKEN_RESERVE - 1
         if not outcome.done():
             outcome.set_result(1)
-        if turn.fut.done():
+        if not self.lot.hand(turn, new):
             # The waiter gave up meanwhile: release what was handed to it
             # (which hands it on, if someone else waits).
             self.engine.spawn(new.new_lease().release())
-        else:
-            _take(self.queue, turn)
-            turn.fut.set_result(new)
 
     async def _handoff_failed(
         self, hold: Hold, outcome: asyncio.Future[int], next_owner: str
@@ -408,23 +384,7 @@ class LocalQueue:
         reply.add_done_callback(done)
 
     def close(self) -> None:
-        queue, self.queue = self.queue, deque()
-        for turn in queue:
-            if not turn.fut.done():
-                turn.fut.set_exception(
-                    ClientClosedError("the aiolock Client was closed while waiting")
-                )
-
-
-def _take(queue: deque[_Turn], turn: _Turn) -> None:
-    """Remove ``turn``, normally the head (then O(1))."""
-    if queue and queue[0] is turn:
-        queue.popleft()
-        return
-    try:
-        queue.remove(turn)
-    except ValueError:
-        pass
+        self.lot.close()
 
 
 class AsyncLock(SingleHolder):
@@ -521,7 +481,7 @@ class AsyncLock(SingleHolder):
                 state.gave_up(fut)
                 raise
             finally:
-                state.left(timer)
+                state.lot.unparked(timer)
             handed = state.took(got)
             if handed is not None:
                 return handed.new_lease()

@@ -33,14 +33,13 @@ once: waiting would deadlock, as Redisson does in its issue #4796).
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from .._core.errors import ClientClosedError, LockNotOwnedError, LockTimeoutError, LockUpgradeError
-from .._core.futures import expire
+from .._core.errors import LockNotOwnedError, LockTimeoutError, LockUpgradeError
 from .._core.keys import RWKeys
 from .._core.lease import Hold, Lease
 from .._core.notify import Waiter
+from .._core.parking import Parked, ParkingLot
 from .._core.validate import to_ms
 from .base import Acquirable, Primitive, _Entry, compete, current_task
 
@@ -53,9 +52,9 @@ __all__ = ["ReadLock", "ReadWriteLock", "WriteLock"]
 class _RWState:
     """One read-write lock name in one Client: its local holds and waiters.
 
-    ``hold`` is the local write hold and ``queue`` the local FIFO of writers:
-    only one local writer at a time (the holder, or the head of the queue,
-    ``busy``) deals with Redis. ``reads`` maps each task to its read hold;
+    ``hold`` is the local write hold and ``writers`` the local FIFO of
+    writers (a ParkingLot): only one local writer at a time (the holder, or
+    the head of the queue, ``busy``) deals with Redis. ``reads`` maps each task to its read hold;
     readers each compete in Redis. Removes itself from ``client.states``
     when idle.
     """
@@ -66,11 +65,10 @@ class _RWState:
         "engine",
         "hold",
         "key",
-        "live",
         "parked_reads",
         "pending_reads",
-        "queue",
         "reads",
+        "writers",
     )
 
     def __init__(self, engine: Engine, key: str) -> None:
@@ -79,10 +77,8 @@ class _RWState:
         self.hold: Hold | None = None
         self.busy = False
         self.competing = False
-        # Waiting writers, FIFO. One that gave up stays, dead (done), until it
-        # reaches the head: O(1) per cancelled waiter, as in LocalQueue.
-        self.queue: deque[asyncio.Future[bool]] = deque()
-        self.live = 0
+        # Waiting writers, FIFO (see _core/parking.py).
+        self.writers: ParkingLot[Parked] = ParkingLot()
         self.reads: dict[asyncio.Task[Any], Hold] = {}
         self.pending_reads = 0  # read acquires under way
         self.parked_reads = 0  # of which parked, waiting for a wake-up
@@ -96,13 +92,10 @@ class _RWState:
         return held
 
     def waiting(self) -> int:
-        return self.live + (1 if self.competing else 0) + self.parked_reads
+        return len(self.writers) + (1 if self.competing else 0) + self.parked_reads
 
     def close(self) -> None:
-        queue, self.queue = self.queue, deque()
-        for fut in queue:
-            if not fut.done():
-                fut.set_exception(ClientClosedError("the aiolock Client was closed while waiting"))
+        self.writers.close()
 
     # -- parking hooks for compete() ------------------------------------------------------
 
@@ -120,29 +113,22 @@ class _RWState:
         if deadline is not None and deadline <= loop.time():
             raise LockTimeoutError("the write lock is busy and the timeout allowed no wait")
         fut: asyncio.Future[bool] = loop.create_future()
-        self.queue.append(fut)
-        self.live += 1
-        timer = loop.call_at(deadline, expire, fut) if deadline is not None else None
+        writers = self.writers
+        timer = writers.park(Parked(fut), deadline)
         try:
             got = await fut
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled() and fut.exception() is None and fut.result():
+            if ParkingLot.handed(fut):
                 self.pass_turn()  # our turn came, but we will not take it
             raise
         finally:
-            self.live -= 1
-            if timer is not None:
-                timer.cancel()
+            writers.unparked(timer)
         if not got:
             raise LockTimeoutError("timed out waiting for the write lock")
 
     def pass_turn(self) -> None:
-        queue = self.queue
-        while queue:
-            fut = queue.popleft()
-            if not fut.done():
-                fut.set_result(True)
-                return
+        if self.writers.unpark(True) is not None:
+            return
         self.busy = False
         self.drop_if_idle()
 
@@ -160,7 +146,7 @@ class _RWState:
         if (
             self.hold is None
             and not self.busy
-            and not self.queue
+            and not self.writers
             and not self.reads
             and not self.competing
             and self.pending_reads == 0
