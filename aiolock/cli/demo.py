@@ -57,6 +57,9 @@ Record = tuple[int, int, int, int, int]
 TICK = 0.25  # how often workers report, seconds
 WINDOW = 2.0  # live figures cover the last this many seconds
 READY_TIMEOUT = 60.0
+# How long a worker that has finished keeps its connections open for the
+# parent to count them, should the parent never say it has (it always does).
+COUNT_TIMEOUT = 60.0
 
 
 # --------------------------------------------------------------------------- config
@@ -135,7 +138,7 @@ class _WorkerStats:
     errors: list[str] = field(default_factory=list)
 
 
-def _worker_entry(cfg: Config, wid: int, out: Any, go: Any, start_at: Any) -> None:
+def _worker_entry(cfg: Config, wid: int, out: Any, go: Any, start_at: Any, counted: Any) -> None:
     """The body of one worker process (spawned: a fresh interpreter)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     try:
@@ -145,12 +148,12 @@ def _worker_entry(cfg: Config, wid: int, out: Any, go: Any, start_at: Any) -> No
 
             factory = uvloop.new_event_loop
         with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(_worker(cfg, wid, out, go, start_at))
+            runner.run(_worker(cfg, wid, out, go, start_at, counted))
     except BaseException:
         out.put(("error", wid, traceback.format_exc()))
 
 
-async def _worker(cfg: Config, wid: int, out: Any, go: Any, start_at: Any) -> None:
+async def _worker(cfg: Config, wid: int, out: Any, go: Any, start_at: Any, counted: Any) -> None:
     from aiolock import Client, LockLostError, LockTimeoutError
 
     loop = asyncio.get_running_loop()
@@ -266,6 +269,9 @@ async def _worker(cfg: Config, wid: int, out: Any, go: Any, start_at: Any) -> No
                 break
             await asyncio.sleep(0.01)
         report(final=True)
+        # Keep every connection open until the parent has counted them: once all
+        # workers said "done", its count is exact however late the parent runs.
+        await loop.run_in_executor(None, counted.wait, COUNT_TIMEOUT)
     finally:
         await client.aclose()
         await data.aclose()
@@ -613,10 +619,11 @@ def _drive(cfg: Config, admin: redis.Redis, header: str, plain: bool, out: TextI
     messages: Any = ctx.Queue()
     go = ctx.Event()
     start_at = ctx.Value("q", 0)
+    counted = ctx.Event()  # the parent counted the connections: the workers may close them
     procs = [
         ctx.Process(
             target=_worker_entry,
-            args=(cfg, w, messages, go, start_at),
+            args=(cfg, w, messages, go, start_at, counted),
             name=f"aiolock-demo-{w}",
             daemon=True,
         )
@@ -673,6 +680,11 @@ def _drive(cfg: Config, admin: redis.Redis, header: str, plain: bool, out: TextI
                 next_poll = time.monotonic() + 0.5
                 live.connections = _count_connections(admin, cfg, names)
                 view.update(live.figures())
+        if len(finals) == len(procs):
+            # Every worker has finished and holds its connections open until
+            # `counted`: the figure the last line shows is that exact moment's.
+            live.connections = _count_connections(admin, cfg, names)
+        counted.set()
         view.update(live.figures(), force=True)
     except KeyboardInterrupt:
         if view is not None:
@@ -683,6 +695,7 @@ def _drive(cfg: Config, admin: redis.Redis, header: str, plain: bool, out: TextI
             p.terminate()
         return 130
     finally:
+        counted.set()
         if view is not None:
             view.close()
         if len(finals) < len(procs):  # a failure: don't wait for the others
