@@ -53,17 +53,10 @@ class HoldOwner(HoldEngine, Protocol):
     ) -> None: ...
 
     async def eval(
-        self,
-        name: str,
-        keys: tuple[Any, ...],
-        args: tuple[Any, ...],
-        orphan: Any = None,
-        mux: CommandConnection | None = None,
+        self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...], *, mux: CommandConnection
     ) -> Any: ...
 
-    async def retry(
-        self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...], attempts: int = 5
-    ) -> Any: ...
+    async def retry(self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any: ...
 
     def start_verifier(self) -> None: ...
 
