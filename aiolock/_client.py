@@ -3,8 +3,9 @@
 A Client is a thin facade over its Engine (``aiolock._core.engine``), which
 owns every shared resource: the connections, the one pub/sub listener, the
 one watchdog, the scripts and the local state of every primitive. The
-Client validates what users pass, makes the Engine, and hands out
-primitives, each a cheap view (a name and a protocol) over that Engine.
+Client validates what users pass (``check_options``, the one place that
+checks the options), makes the Engine, and hands out primitives, each a
+cheap view (a name and a protocol) over that Engine.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Self
 
 import redis.asyncio as aioredis
 
-from ._core.engine import ClientStatistics, Engine, Notify
+from ._core.engine import Engine
 from ._core.errors import InvalidArgumentError, InvalidArgumentTypeError
 from ._core.notify import Backoff
+from ._core.options import ClientStatistics, Notify, check_options
 from ._primitives.fair import FairLock
 from ._primitives.latch import Latch
 from ._primitives.lock import AsyncLock
@@ -70,7 +72,7 @@ class Client:
         command_timeout: float = 10.0,
         backoff: Backoff | None = None,
     ) -> None:
-        self._engine = Engine(
+        options = check_options(
             redis,
             prefix=prefix,
             lease=lease,
@@ -78,6 +80,7 @@ class Client:
             command_timeout=command_timeout,
             backoff=backoff,
         )
+        self._engine = Engine(redis, options)
 
     @classmethod
     def from_url(

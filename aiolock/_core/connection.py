@@ -45,6 +45,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .dialer import Dialer, Link
 from .errors import ClientClosedError, ServerRefusedError, ServerUnavailableError, from_redis
+from .futures import stop
 from .hiredis import hiredis
 from .redis_compat import ConnectionFactory
 
@@ -279,12 +280,7 @@ class CommandConnection:
 
     async def aclose(self) -> None:
         self._closed = True
-        if self._connect_task is not None:
-            self._connect_task.cancel()
-            try:
-                await self._connect_task
-            except BaseException:
-                pass
+        await stop(self._connect_task)
         self._drop(RedisConnectionError("aiolock command connection is closed"))
         if self._closers:
             await asyncio.gather(*self._closers, return_exceptions=True)

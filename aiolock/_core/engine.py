@@ -9,9 +9,23 @@ methods (run this script for this key, send this command for this key, make
 and track this hold, undo this acquire, wait on this channel, keep this
 local state, spawn this background work: see "the primitives' interface"
 below) and nothing else; ``Client`` is the public facade that creates it.
-The lower modules name what they need of it as Protocols (``HoldEngine``
-in lease.py, ``Renewer`` in watchdog.py), which it satisfies structurally:
-nothing below imports this module.
+
+This module wires the parts and routes by key; the parts live beside it:
+
+* holds.py: ``Holds``, the hold life cycle (``new_hold``, ``track``,
+  ``release_hold``, ``release_failed``, ``release_finished``,
+  ``extend_hold``, ``renew_batch``, ``run_callback``), bound onto the Engine
+  as its own methods;
+* verifier.py: ``Verifier``, the connection epochs (``epoch`` stays an
+  Engine attribute) and the verification of holds after a connection reset;
+* undo.py: ``Undo``, the undo of an acquire whose reply was lost (``undo``);
+* options.py: the Client's options (checked there once), ``Notify`` and
+  ``ClientStatistics``.
+
+The lower modules name what they need of the Engine as Protocols
+(``HoldOwner``, ``Verified``, ``Cleaner``, ``HoldEngine`` in lease.py,
+``Renewer`` in watchdog.py), which it satisfies structurally: nothing below
+imports this module.
 """
 
 from __future__ import annotations
@@ -21,46 +35,33 @@ import logging
 import math
 import secrets
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .connection import DID_NOT_RUN, CommandConnection, Orphan
-from .errors import (
-    ClientClosedError,
-    InvalidArgumentError,
-    InvalidArgumentTypeError,
-    LockNotOwnedError,
-    WrongEventLoopError,
-    asyncio_required,
-    from_redis,
-)
-from .futures import Outcome
-from .lease import Hold, Lease, LostCallback, call_lost_callback
+from .connection import CommandConnection, Orphan
+from .errors import ClientClosedError, WrongEventLoopError, asyncio_required, from_redis
+from .holds import Holds
 from .listener import Channel, Listener
-from .notify import Backoff, ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
+from .notify import ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
+from .options import ClientStatistics, Notify, Options
 from .owner import task_serial
 from .redis_compat import connection_factory
-from .scripts import Script, load_scripts, refused
-from .validate import check_lease, check_prefix, check_seconds, to_ms
-from .watchdog import Renewable, Watchdog, plan_batches
+from .scripts import Script, load_scripts
+from .undo import Call, OnReply, Undo
+from .validate import to_ms
+from .verifier import Verifier
+from .watchdog import Renewable, Watchdog
 
 __all__ = ["Call", "ClientStatistics", "Engine", "Notify", "Undo"]
 
 log = logging.getLogger("aiolock")
 
-Notify = Literal["pubsub", "list", "poll"]
-_NOTIFY_MODES = ("pubsub", "list", "poll")
 S = TypeVar("S")
 A = TypeVar("A")
-#: One idempotent script call: (script name, keys, args).
-Call = tuple[str, tuple[Any, ...], tuple[Any, ...]]
-#: Given an acquire's reply and its undo's calls, the calls that undo what it did.
-OnReply = Callable[[Any, tuple[Call, ...]], tuple[Call, ...]]
 #: Fence counters of names nobody used for this long expire (see DESIGN: fencing).
 FENCE_RETENTION = 24 * 3600.0
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)  # OSError: ConnectionFailedError
@@ -74,129 +75,20 @@ _WRONG_LOOP = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class ClientStatistics:
-    """A cheap snapshot of a Client's local state (no round trip)."""
-
-    holds: int
-    """Holds this Client has in Redis right now (one per held lock, however re-entered)."""
-    waiting: int
-    """Tasks waiting for a lock: queued locally or parked on a channel."""
-    subscriptions: int
-    """Channels some local task waits on (pub/sub channels, or BLPOP loops in
-    list mode). A pub/sub channel stays subscribed for a second after its last
-    waiter left, in case it is waited on again; it is not counted then."""
-    watched: int
-    """Holds the watchdog renews."""
-    in_flight: int
-    """Commands sent and not answered yet."""
-    background: int
-    """Clean-up tasks still running (undo of a cancelled acquire, release retries)."""
-    command_connects: int
-    pubsub_connects: int
-
-
-class Undo:
-    """The one undo of an acquire call whose reply was lost (to a timeout or a
-    cancellation), whatever the primitive: its ``orphan`` handler.
-
-    The script may have run, so what it did is undone in the background, by
-    idempotent scripts that target this call only (its attempt id, see
-    ``Engine.attempt_id``), never the owner alone: an undo may run late (a
-    retry after an outage), when the same task holds the lock again from a
-    later call.
-
-    * The reply was read after all (``error`` None): ``on_reply(reply,
-      calls)`` says what to run (a release with the granted token, leaving
-      a queue it joined, ...; nothing if it changed nothing); without
-      ``on_reply``, ``calls`` are run whatever the reply.
-    * The script failed (``DID_NOT_RUN``): it changed nothing, nothing to do.
-    * Unknown whether it ran: ``calls`` (the primitive's clean-up of
-      whatever this call may have done). ``abandon()`` and ``now()`` run them
-      too (``compete`` gave up; the caller leaves).
-
-    ``while_open``: skip the clean-up once the Client is closing (its
-    ``aclose`` cleans up the holds itself).
-    """
-
-    __slots__ = ("calls", "engine", "on_reply", "while_open")
-
-    def __init__(
-        self,
-        engine: Engine,
-        calls: tuple[Call, ...],
-        on_reply: OnReply | None,
-        while_open: bool,
-    ) -> None:
-        self.engine = engine
-        self.calls = calls
-        self.on_reply = on_reply
-        self.while_open = while_open
-
-    def __call__(self, reply: Any, error: BaseException | None) -> None:
-        if error is None:
-            if self.on_reply is not None:
-                self._run(self.on_reply(reply, self.calls))
-                return
-        elif isinstance(error, DID_NOT_RUN):
-            return  # the script failed: it changed nothing
-        self._run(self.calls)
-
-    def now(self) -> None:
-        """Clean up whatever this call may have done (unknown whether it ran)."""
-        self._run(self.calls)
-
-    abandon = now
-
-    def _run(self, calls: tuple[Call, ...]) -> None:
-        engine = self.engine
-        if self.while_open and engine.closed:
-            return
-        for name, keys, args in calls:
-            engine.clean_up(name, keys, args)
-
-
 class Engine:
     """The engine of one Client: connections, listener, watchdog, scripts, holds.
 
-    Made by ``Client``; the options are checked here. Bound to the event
+    Made by ``Client`` with its checked ``Options``. Bound to the event
     loop it is first entered from (``enter()``). The primitives use only
     its public attributes and methods; its ``_``-names are its own.
     """
 
-    def __init__(
-        self,
-        redis: aioredis.Redis,
-        *,
-        prefix: str = "aiolock",
-        lease: float = 30.0,
-        notify: Notify = "pubsub",
-        command_timeout: float = 10.0,
-        backoff: Backoff | None = None,
-    ) -> None:
-        if not isinstance(redis, aioredis.Redis):
-            raise InvalidArgumentTypeError(
-                f"Client() takes a redis.asyncio.Redis, got {type(redis).__name__}; "
-                "use Client.from_url('redis://...') to connect by URL"
-            )
-        self.prefix = check_prefix(prefix)
-        lease_s = check_lease(lease, "lease")
-        if lease_s is None or lease_s < 0.3:
-            raise InvalidArgumentError(
-                f"the Client's lease must be at least 0.3 seconds, got {lease!r}"
-            )
-        self.lease = lease_s
-        if notify not in _NOTIFY_MODES:
-            raise InvalidArgumentError(
-                f"notify must be one of {', '.join(map(repr, _NOTIFY_MODES))}, got {notify!r}"
-            )
-        self.notify: Notify = notify
-        self.command_timeout = check_seconds(command_timeout, "command_timeout", allow_zero=False)
-        if backoff is not None and not isinstance(backoff, Backoff):
-            raise InvalidArgumentTypeError(
-                f"backoff must be an aiolock.Backoff, got {type(backoff).__name__}"
-            )
-        self.backoff = backoff or Backoff()
+    def __init__(self, redis: aioredis.Redis, options: Options) -> None:
+        self.prefix = options.prefix
+        self.lease = options.lease
+        self.notify: Notify = options.notify
+        self.command_timeout = options.command_timeout
+        self.backoff = options.backoff
         self.id = secrets.token_hex(16)
         self._redis = redis
         # Every connection of this Client is made by it (see Dialer): the
@@ -214,17 +106,30 @@ class Engine:
         # the server is lost, since the server behind the next one may have
         # lost every key (a restart without persistence, a failover). A hold
         # confirmed by the server in an earlier epoch is verified at once
-        # (_verify_holds) and hands out no reserved token meanwhile.
+        # (verifier.py) and hands out no reserved token meanwhile. A plain
+        # attribute: the local handoff reads it.
         self.epoch = 0
         # Loop time of the last epoch change: an acquire sent after it was
-        # granted in the current epoch (see track).
+        # granted in the current epoch (see Holds.track).
         self.epoch_since = -math.inf
-        self.verifier: asyncio.Task[None] | None = None
+        self._verifier = Verifier(self)
+        self.start_verifier = self._verifier.start
+        # The hold life cycle (holds.py), its methods bound once as the
+        # Engine's own: no call frame more on the acquire and release paths.
+        holds = Holds(self)
+        self.new_hold = holds.new_hold
+        self.track = holds.track
+        self.release_hold = holds.release_hold
+        self.release_failed = holds.release_failed
+        self.release_finished = holds.release_finished
+        self.extend_hold = holds.extend_hold
+        self.renew_batch = holds.renew_batch
+        self.run_callback = holds.run_callback
         self.mux = CommandConnection(
             self._new_connection,
             command_timeout=self.command_timeout,
             on_connect=self._preload,
-            on_reset=self._connection_reset,
+            on_reset=self._verifier.connection_reset,
         )
         # The watchdog's own lane: renewals never queue behind a burst of
         # acquires and releases on the main connection (connected on first use).
@@ -232,9 +137,9 @@ class Engine:
             self._new_connection,
             command_timeout=self.command_timeout,
             on_connect=self._preload,
-            on_reset=self._connection_reset,
+            on_reset=self._verifier.connection_reset,
         )
-        self.listener = Listener(self._new_connection, on_reset=self._connection_reset)
+        self.listener = Listener(self._new_connection, on_reset=self._verifier.connection_reset)
         self.signals = SignalHub(self._new_connection, command_timeout=self.command_timeout)
         # Tasks parked in Redis-side waits of primitives without a LocalQueue.
         self.parked = 0
@@ -337,10 +242,7 @@ class Engine:
                 await asyncio.wait(list(self.background), timeout=min(self.command_timeout, 2.0))
                 for task in list(self.background):
                     task.cancel()
-            verifier, self.verifier = self.verifier, None
-            if verifier is not None:
-                verifier.cancel()
-                await asyncio.gather(verifier, return_exceptions=True)
+            await self._verifier.aclose()
             await self.watchdog.aclose()
             await self.listener.aclose()
             await self.signals.aclose()
@@ -375,10 +277,11 @@ class Engine:
     #   ``retry`` run a script for ``keys[0]``, ``call`` sends a plain command
     #   for its key. ``_route`` picks the connection (standalone: the one
     #   command connection; a Cluster router replaces that one method).
-    # * Holds: ``new_hold`` makes, wires and tracks every hold; ``release_hold``
-    #   (and ``release_failed`` / ``release_finished`` for a primitive's own
-    #   release script) ends it; ``undo`` cleans up an acquire whose reply was
-    #   lost; ``attempt_id`` numbers every acquire call.
+    # * Holds (holds.py, bound in ``__init__``): ``new_hold`` makes, wires and
+    #   tracks every hold; ``release_hold`` (and ``release_failed`` /
+    #   ``release_finished`` for a primitive's own release script) ends it;
+    #   ``undo`` (undo.py) cleans up an acquire whose reply was lost;
+    #   ``attempt_id`` numbers every acquire call.
     # * Waiting: ``waiter`` / ``pubsub_waiter`` / ``subscribed`` / ``subscribe``
     #   / ``unsubscribe``; renewed items: ``renew`` / ``untrack`` / ``renewing``.
     # * Local state: ``state`` / ``peek_state`` / ``drop_state``; ``spawn`` for
@@ -495,22 +398,6 @@ class Engine:
         if not task.cancelled() and task.exception() is not None:
             log.warning("aiolock background task failed: %r", task.exception())
 
-    def run_callback(self, callback: LostCallback, lease: Lease) -> None:
-        try:
-            awaitable = call_lost_callback(callback, lease)
-        except Exception:
-            log.exception("aiolock: on_lost callback %r raised", callback)
-            return
-        if awaitable is not None:
-
-            async def run() -> None:
-                try:
-                    await awaitable  # type: ignore[misc]
-                except Exception:
-                    log.exception("aiolock: on_lost callback %r raised", callback)
-
-            self.spawn(run())
-
     async def retry(
         self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...], attempts: int = 5
     ) -> Any:
@@ -539,152 +426,6 @@ class Engine:
     ) -> Undo:
         """The undo of one acquire call, used as its ``orphan`` handler: see ``Undo``."""
         return Undo(self, calls, on_reply, while_open)
-
-    # -- holds: make, release, extend, renew ----------------------------------------------
-
-    def new_hold(
-        self,
-        name: str,
-        owner: str,
-        token: int,
-        task: asyncio.Task[Any] | None,
-        lease: float | None,
-        lease_s: float,
-        sent: float,
-        *,
-        release: tuple[str, tuple[Any, ...], tuple[Any, ...]],
-        renew: tuple[str, str, tuple[Any, ...]],
-        on_detach: Callable[[Hold], None],
-        on_release: Callable[[Hold], asyncio.Future[int]] | None = None,
-        confirmed: int = -1,
-    ) -> Hold:
-        """The one place a hold is made: build it, wire it and start keeping it alive.
-
-        ``lease`` is what the caller asked for (None: the watchdog renews the
-        hold; else it simply expires), ``lease_s`` its length in seconds and
-        ``sent`` the send time of the acquire that was granted, so the hold
-        expires at ``sent + lease_s``. ``release``/``renew``: the scripts (see
-        ``Hold``); ``on_detach`` frees the primitive's local gate when the
-        hold ends; ``on_release`` replaces ``release_hold`` (the plain lock's
-        handoff). ``confirmed``: the connection epoch in which the server
-        granted it, if the primitive knows (see ``track``). The primitive
-        records the returned hold in its local state.
-        """
-        hold = Hold(
-            self,
-            name,
-            owner,
-            token,
-            task,
-            lease_s,
-            lease is None,
-            sent + lease_s,
-            release=release,
-            renew=renew,
-        )
-        hold.on_detach = on_detach
-        hold.on_release = on_release
-        hold.confirmed = confirmed
-        self.track(hold)
-        return hold
-
-    def release_hold(self, hold: Hold) -> asyncio.Future[int]:
-        """Start releasing a hold in Redis; the returned future resolves with the
-        script's code (1 released, 2 already released, 0 not owned).
-
-        The release completes even if nobody awaits the future any more.
-        """
-        outcome = Outcome(loop=self.loop)
-        hold.releasing = outcome
-        script, keys, args = hold.release_script, hold.release_keys, hold.release_args
-
-        def done(reply: Any, error: BaseException | None) -> None:
-            # Straight from the reply's parse: the caller wakes on the next turn.
-            if error is not None:
-                self.spawn(self._release_slowly(hold, outcome, script, keys, args))
-            else:
-                self.release_finished(hold, outcome, int(reply))
-
-        self.send_script(script, keys, args, done)
-        return outcome
-
-    async def _release_slowly(
-        self,
-        hold: Hold,
-        outcome: asyncio.Future[int],
-        script: str,
-        keys: tuple[Any, ...],
-        args: tuple[Any, ...],
-    ) -> None:
-        try:
-            code = int(await self.retry(script, keys, args))
-        except BaseException as exc:
-            self.release_failed(hold, outcome, exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            return
-        self.release_finished(hold, outcome, code)
-
-    def release_failed(self, hold: Hold, outcome: asyncio.Future[int], exc: BaseException) -> None:
-        """The one ending of a release that failed for good (after its retries).
-
-        Refused (``refused(exc)``: a key of the name holds a value aiolock did
-        not write): nothing changed, the hold is still ours and still renewed,
-        and the caller may release again once the key is fixed. Otherwise give
-        up: the hold is lost (no longer renewed) and expires by itself within
-        one lease. Either way the caller gets ``exc``.
-        """
-        hold.releasing = None
-        if not refused(exc):
-            hold.mark_lost(f"release failed: {exc!r}")
-        if not outcome.done():
-            outcome.set_exception(exc)
-
-    def release_finished(self, hold: Hold, outcome: asyncio.Future[int], code: int) -> None:
-        """The one ending of a release Redis answered: ``code`` 1 or 2 (released)
-        or 0 (the hold was gone: lost, unless it already was). Ends the hold."""
-        if code == 0 and not hold.lost:
-            hold.mark_lost("the hold was gone when released (expired or force-released)")
-        hold.detach()
-        if not outcome.done():
-            outcome.set_result(code)
-
-    async def extend_hold(self, hold: Hold, seconds: float) -> None:
-        loop = asyncio.get_running_loop()
-        sent = loop.time()
-        ms = to_ms(seconds)
-        reply = await self.retry(hold.renew_script, (hold.renew_key,), (ms, *hold.renew_args))
-        if int(reply[0]) != 1:
-            hold.gone("the hold was gone when extended")
-            raise LockNotOwnedError(f"{hold.name!r}: the hold was gone when extended")
-        new_expiry = sent + seconds
-        if new_expiry > hold.expires_at:
-            hold.expires_at = new_expiry
-            if hold.timer is not None:
-                hold.timer.cancel()
-                hold.timer = loop.call_at(new_expiry, hold.gone, "the fixed lease expired")
-
-    def track(self, hold: Hold) -> None:
-        """Start keeping a new hold alive: the watchdog, or a timer for a fixed lease.
-
-        Every primitive's new hold passes here, its ``expires_at`` being the
-        send time of the acquire that was granted plus its lease. If that
-        acquire was sent after the last connection reset (no reset since,
-        until now: the reply came on the current connections), the grant
-        confirms the hold in the current epoch; otherwise (or if a primitive
-        sets an older ``confirmed`` afterwards, synchronously) it is verified
-        at once, as after a reset.
-        """
-        if hold.confirmed < 0 and self.epoch_since < hold.expires_at - hold.lease - 1e-6:
-            hold.confirmed = self.epoch
-        if hold.confirmed != self.epoch:
-            self.start_verifier()
-        if hold.watchdog:
-            self.watchdog.add(hold)
-        else:
-            hold.timer = asyncio.get_running_loop().call_at(
-                hold.expires_at, hold.gone, "the fixed lease expired"
-            )
 
     # -- renewed items (besides holds: the fair lock's liveness, waiting writers) -----------
 
@@ -736,98 +477,7 @@ class Engine:
         self.outage_warned = self.mux.connects
         return True
 
-    def renew_batch(self, script: str, items: list[Any], lease: float) -> asyncio.Future[Any]:
-        """Renew ``items`` (to last at least ``lease`` seconds) in one script call.
-
-        A hold found alive is confirmed for the current connection epoch, if
-        no connection was lost between the call and its reply.
-        """
-        keys = tuple(item.renew_key for item in items)
-        args: list[Any] = [to_ms(lease)]
-        for item in items:
-            args.extend(item.renew_args)
-        epoch = self.epoch
-        fut = asyncio.ensure_future(self.eval(script, keys, tuple(args), mux=self.renew_mux))
-
-        def confirm(fut: asyncio.Future[Any]) -> None:
-            if fut.cancelled() or fut.exception() is not None or self.epoch != epoch:
-                return
-            for item, alive in zip(items, fut.result(), strict=False):
-                if alive == 1 and isinstance(item, Hold):
-                    item.confirmed = epoch
-
-        fut.add_done_callback(confirm)
-        return fut
-
-    # -- connection epochs: a restart or failover may have lost every hold ---------------
-
-    def _connection_reset(self) -> None:
-        """An established connection to the server was lost: start a new epoch
-        and verify every hold as soon as the server answers again."""
-        self.epoch += 1
-        self.epoch_since = self.loop.time() if self.loop is not None else math.inf
-        self.start_verifier()
-
-    def start_verifier(self) -> None:
-        """Run _verify_holds unless it runs already."""
-        if self.closed or self.loop is None:
-            return
-        if self.verifier is None or self.verifier.done():
-            self.verifier = self.loop.create_task(self._verify_holds(), name="aiolock-verify-holds")
-
-    async def _verify_holds(self) -> None:
-        """Verify every hold not confirmed in the current epoch, until none is left.
-
-        Watchdog holds are renewed (as the watchdog would); a fixed lease is
-        only checked, by the same script asked for no more than its remaining
-        time (renewals never shorten). A hold the server no longer has is
-        lost at once, not at the watchdog's next round (``lease / 3``) or at
-        the fixed lease's end. A round that fails (the server is still down)
-        is retried with backoff; the watchdog and the fixed leases' timers
-        still mark holds lost at their expiry meanwhile.
-        """
-        delay = 0.05
-        while not self.closed:
-            now = self.loop_time()
-            epoch = self.epoch
-            holds = [
-                h
-                for state in list(self.states.values())
-                for h in state.holds()
-                if h.confirmed != epoch and not h.lost and (h.watchdog or h.expires_at > now)
-            ]
-            if not holds:
-                return
-            if not await self._verify_round(holds, now) and self.epoch == epoch:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-
-    async def _verify_round(self, holds: list[Hold], sent: float) -> bool:
-        """One verification of ``holds``; False if some call failed."""
-        calls: list[tuple[list[Hold], float | None, asyncio.Future[Any]]] = []
-        by_script: dict[str, list[Hold]] = {}
-        for hold in holds:
-            if hold.watchdog:
-                by_script.setdefault(hold.renew_script, []).append(hold)
-            else:
-                fut = self.renew_batch(hold.renew_script, [hold], hold.expires_at - sent)
-                calls.append(([hold], None, fut))
-        for script, group in by_script.items():
-            for batch in plan_batches(group):
-                calls.append((batch, self.lease, self.renew_batch(script, batch, self.lease)))
-        results = await asyncio.gather(*(fut for _, _, fut in calls), return_exceptions=True)
-        current = {h for state in list(self.states.values()) for h in state.holds()}
-        ok = True
-        for (batch, lease, _), result in zip(calls, results, strict=True):
-            if isinstance(result, BaseException):
-                ok = False
-                continue
-            for hold, alive in zip(batch, result, strict=False):
-                if alive == 1:
-                    if lease is not None:
-                        hold.renewed(sent, lease)
-                elif hold in current and hold.releasing is None:
-                    hold.mark_lost(
-                        "the server no longer has the hold (lost on a restart or failover)"
-                    )
-        return ok
+    @property
+    def verifier(self) -> asyncio.Task[None] | None:
+        """The running (or last) verification of the holds after a connection reset."""
+        return self._verifier.task

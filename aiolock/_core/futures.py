@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Outcome", "expire", "retrieve"]
+__all__ = ["Outcome", "expire", "retrieve", "stop"]
 
 
 def expire(fut: asyncio.Future[Any]) -> None:
@@ -19,6 +19,17 @@ def retrieve(fut: asyncio.Future[Any]) -> None:
     """Done-callback that marks an exception as seen (nobody may await the future)."""
     if not fut.cancelled():
         fut.exception()
+
+
+async def stop(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a background task (None: none) and wait until it has ended,
+    whatever it ended with (the one way a Client's long-lived tasks stop)."""
+    if task is not None:
+        task.cancel()
+        try:
+            await task
+        except BaseException:
+            pass
 
 
 class Outcome(asyncio.Future[int]):

@@ -58,9 +58,9 @@ class HoldEngine(Protocol):
 class Hold:
     """One ownership of one lock in Redis (shared by the Leases of its re-entries).
 
-    Made only by ``Engine.new_hold``, which wires it (``on_detach``,
-    ``on_release``) and starts keeping it alive; its engine is anything
-    that satisfies ``HoldEngine``.
+    Made only by ``Engine.new_hold`` (``Holds.new_hold`` in holds.py), which
+    wires it (``on_detach``, ``on_release``) and starts keeping it alive; its
+    engine is anything that satisfies ``HoldEngine``.
     """
 
     __slots__ = (

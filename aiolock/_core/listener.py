@@ -38,7 +38,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from .connection import pack
 from .dialer import Dialer, Link
 from .errors import ClientClosedError
-from .futures import retrieve
+from .futures import retrieve, stop
 from .hiredis import hiredis
 from .parking import Parked, ParkingLot
 from .redis_compat import ConnectionFactory
@@ -289,12 +289,7 @@ class Listener:
         for channel in self._channels.values():
             channel.close()
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except BaseException:
-                pass
+        await stop(task)
         await self._disconnect()
 
     # -- the connection ----------------------------------------------------------

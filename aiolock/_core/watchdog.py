@@ -23,6 +23,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
+from .futures import stop
+
 __all__ = ["BATCH", "Renewable", "Renewer", "Watchdog", "plan_batches"]
 
 log = logging.getLogger("aiolock")
@@ -92,12 +94,7 @@ class Watchdog:
 
     async def aclose(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except BaseException:
-                pass
+        await stop(task)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -13,17 +13,15 @@
 -- gone (0), and the other keys of the batch are renewed all the same.
 --@include _fair_queue.lua
 --@include _types.lua
-local result = {}
+--@include _renew.lua
 local lease_ms = tonumber(ARGV[1])
 local now = clock_ms()
-for i, q in ipairs(KEYS) do
+return renew_each(function(i, q)
     local cid = ARGV[1 + i]
     local score = is_type(q, 'zset') and redis.call('ZSCORE', q, '~' .. cid)
     if score and -tonumber(score) > now then
         fair_keep_alive(q, cid, now, lease_ms)
-        result[i] = 1
-    else
-        result[i] = 0
+        return true
     end
-end
-return result
+    return false
+end)

@@ -11,19 +11,8 @@
 -- Never fails on a key of another type (someone overwrote it): that one is
 -- gone (0), and the other keys of the batch are renewed all the same.
 --@include _types.lua
-local result = {}
+--@include _renew.lua
 local lease_ms = tonumber(ARGV[1])
-for i, key in ipairs(KEYS) do
-    local owner = ARGV[2 * i]
-    local token = ARGV[2 * i + 1]
-    if is_type(key, 'hash') and redis.call('HEXISTS', key, owner) == 1
-        and redis.call('HGET', key, '~fence') == token then
-        if redis.call('PTTL', key) < lease_ms then
-            redis.call('PEXPIRE', key, lease_ms)
-        end
-        result[i] = 1
-    else
-        result[i] = 0
-    end
-end
-return result
+return renew_each(function(i, key)
+    return renew_field(key, ARGV[2 * i], ARGV[2 * i + 1], lease_ms)
+end)

@@ -13,10 +13,10 @@
 -- gone (0), and the other keys of the batch are renewed all the same.
 --@include _rw_common.lua
 --@include _types.lua
+--@include _renew.lua
 local now = clock_ms()
 local lease = tonumber(ARGV[1])
-local result = {}
-for i, key in ipairs(KEYS) do
+return renew_each(function(i, key)
     local kind, owner, token = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
     local ours, field = false, 'wx'
     if not is_type(key, 'hash') then -- missing, or overwritten: gone
@@ -29,9 +29,7 @@ for i, key in ipairs(KEYS) do
     end
     if ours and tonumber(redis.call('HGET', key, field) or '0') > now then
         rw_extend(key, field, now, lease)
-        result[i] = 1
-    else
-        result[i] = 0
+        return true
     end
-end
-return result
+    return false
+end)

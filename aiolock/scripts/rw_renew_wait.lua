@@ -11,10 +11,10 @@
 -- gone (0), and the other keys of the batch are renewed all the same.
 --@include _rw_common.lua
 --@include _types.lua
+--@include _renew.lua
 local now = clock_ms()
 local ms = tonumber(ARGV[1])
-local result = {}
-for i, key in ipairs(KEYS) do
+return renew_each(function(i, key)
     local owner = ARGV[i + 1]
     local expiry = 0
     if is_type(key, 'zset') then
@@ -22,9 +22,7 @@ for i, key in ipairs(KEYS) do
     end
     if expiry > now then
         rw_zkeep(key, owner, now + ms, now)
-        result[i] = 1
-    else
-        result[i] = 0
+        return true
     end
-end
-return result
+    return false
+end)

@@ -11,10 +11,10 @@
 -- gone (0), and the other keys of the batch are renewed all the same.
 --@include _clock.lua
 --@include _types.lua
-local result = {}
+--@include _renew.lua
 local lease_ms = tonumber(ARGV[1])
 local now = clock_ms()
-for i, key in ipairs(KEYS) do
+return renew_each(function(i, key)
     local member = ARGV[i + 1]
     local score = is_type(key, 'zset') and tonumber(redis.call('ZSCORE', key, member))
     if score and score > now then
@@ -27,9 +27,7 @@ for i, key in ipairs(KEYS) do
         if pttl >= 0 and pttl < score - now + 1000 then
             redis.call('PEXPIRE', key, score - now + 1000)
         end
-        result[i] = 1
-    else
-        result[i] = 0
+        return true
     end
-end
-return result
+    return false
+end)

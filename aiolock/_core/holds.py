@@ -1,0 +1,263 @@
+"""The life cycle of every hold: make, keep alive, release, extend, renew.
+
+``Holds`` is owned by the Engine, one per Client. The Engine exposes its
+methods as its own (bound once in ``Engine.__init__``: no call layer more on
+the acquire and release paths), so the primitives, ``Hold``/``Lease`` (as a
+``HoldEngine``) and the watchdog (as its ``Renewer``) call them on the
+Engine. It needs of the engine only what ``HoldOwner`` names: this module
+does not import the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+from .connection import CommandConnection, Orphan
+from .errors import LockNotOwnedError
+from .futures import Outcome
+from .lease import Hold, HoldEngine, Lease, LostCallback, call_lost_callback
+from .scripts import refused
+from .validate import to_ms
+from .watchdog import Watchdog
+
+__all__ = ["HoldOwner", "Holds"]
+
+log = logging.getLogger("aiolock")
+
+
+class HoldOwner(HoldEngine, Protocol):
+    """What the hold life cycle needs of its engine (``Engine``, structurally)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def epoch_since(self) -> float: ...
+
+    @property
+    def watchdog(self) -> Watchdog: ...
+
+    @property
+    def renew_mux(self) -> CommandConnection: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
+
+    def send_script(
+        self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...], callback: Orphan
+    ) -> None: ...
+
+    async def eval(
+        self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...], *, mux: CommandConnection
+    ) -> Any: ...
+
+    async def retry(self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any: ...
+
+    def start_verifier(self) -> None: ...
+
+
+class Holds:
+    """Makes every hold, keeps it alive, and ends it (the Engine's ``new_hold``,
+    ``track``, ``release_hold``, ``release_failed``, ``release_finished``,
+    ``extend_hold``, ``renew_batch`` and ``run_callback``)."""
+
+    __slots__ = ("engine",)
+
+    def __init__(self, engine: HoldOwner) -> None:
+        self.engine = engine
+
+    def new_hold(
+        self,
+        name: str,
+        owner: str,
+        token: int,
+        task: asyncio.Task[Any] | None,
+        lease: float | None,
+        lease_s: float,
+        sent: float,
+        *,
+        release: tuple[str, tuple[Any, ...], tuple[Any, ...]],
+        renew: tuple[str, str, tuple[Any, ...]],
+        on_detach: Callable[[Hold], None],
+        on_release: Callable[[Hold], asyncio.Future[int]] | None = None,
+        confirmed: int = -1,
+    ) -> Hold:
+        """The one place a hold is made: build it, wire it and start keeping it alive.
+
+        ``lease`` is what the caller asked for (None: the watchdog renews the
+        hold; else it simply expires), ``lease_s`` its length in seconds and
+        ``sent`` the send time of the acquire that was granted, so the hold
+        expires at ``sent + lease_s``. ``release``/``renew``: the scripts (see
+        ``Hold``); ``on_detach`` frees the primitive's local gate when the
+        hold ends; ``on_release`` replaces ``release_hold`` (the plain lock's
+        handoff). ``confirmed``: the connection epoch in which the server
+        granted it, if the primitive knows (see ``track``). The primitive
+        records the returned hold in its local state.
+        """
+        hold = Hold(
+            self.engine,
+            name,
+            owner,
+            token,
+            task,
+            lease_s,
+            lease is None,
+            sent + lease_s,
+            release=release,
+            renew=renew,
+        )
+        hold.on_detach = on_detach
+        hold.on_release = on_release
+        hold.confirmed = confirmed
+        self.track(hold)
+        return hold
+
+    def track(self, hold: Hold) -> None:
+        """Start keeping a new hold alive: the watchdog, or a timer for a fixed lease.
+
+        Every primitive's new hold passes here, its ``expires_at`` being the
+        send time of the acquire that was granted plus its lease. If that
+        acquire was sent after the last connection reset (no reset since,
+        until now: the reply came on the current connections), the grant
+        confirms the hold in the current epoch; otherwise (or if a primitive
+        sets an older ``confirmed`` afterwards, synchronously) it is verified
+        at once, as after a reset (see verifier.py).
+        """
+        engine = self.engine
+        if hold.confirmed < 0 and engine.epoch_since < hold.expires_at - hold.lease - 1e-6:
+            hold.confirmed = engine.epoch
+        if hold.confirmed != engine.epoch:
+            engine.start_verifier()
+        if hold.watchdog:
+            engine.watchdog.add(hold)
+        else:
+            hold.timer = asyncio.get_running_loop().call_at(
+                hold.expires_at, hold.gone, "the fixed lease expired"
+            )
+
+    def release_hold(self, hold: Hold) -> asyncio.Future[int]:
+        """Start releasing a hold in Redis; the returned future resolves with the
+        script's code (1 released, 2 already released, 0 not owned).
+
+        The release completes even if nobody awaits the future any more.
+        """
+        engine = self.engine
+        outcome = Outcome(loop=engine.loop)
+        hold.releasing = outcome
+        script, keys, args = hold.release_script, hold.release_keys, hold.release_args
+
+        def done(reply: Any, error: BaseException | None) -> None:
+            # Straight from the reply's parse: the caller wakes on the next turn.
+            if error is not None:
+                engine.spawn(self._release_slowly(hold, outcome, script, keys, args))
+            else:
+                self.release_finished(hold, outcome, int(reply))
+
+        engine.send_script(script, keys, args, done)
+        return outcome
+
+    async def _release_slowly(
+        self,
+        hold: Hold,
+        outcome: asyncio.Future[int],
+        script: str,
+        keys: tuple[Any, ...],
+        args: tuple[Any, ...],
+    ) -> None:
+        try:
+            code = int(await self.engine.retry(script, keys, args))
+        except BaseException as exc:
+            self.release_failed(hold, outcome, exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        self.release_finished(hold, outcome, code)
+
+    def release_failed(self, hold: Hold, outcome: asyncio.Future[int], exc: BaseException) -> None:
+        """The one ending of a release that failed for good (after its retries).
+
+        Refused (``refused(exc)``: a key of the name holds a value aiolock did
+        not write): nothing changed, the hold is still ours and still renewed,
+        and the caller may release again once the key is fixed. Otherwise give
+        up: the hold is lost (no longer renewed) and expires by itself within
+        one lease. Either way the caller gets ``exc``.
+        """
+        hold.releasing = None
+        if not refused(exc):
+            hold.mark_lost(f"release failed: {exc!r}")
+        if not outcome.done():
+            outcome.set_exception(exc)
+
+    def release_finished(self, hold: Hold, outcome: asyncio.Future[int], code: int) -> None:
+        """The one ending of a release Redis answered: ``code`` 1 or 2 (released)
+        or 0 (the hold was gone: lost, unless it already was). Ends the hold."""
+        if code == 0 and not hold.lost:
+            hold.mark_lost("the hold was gone when released (expired or force-released)")
+        hold.detach()
+        if not outcome.done():
+            outcome.set_result(code)
+
+    async def extend_hold(self, hold: Hold, seconds: float) -> None:
+        """Make ``hold`` last at least ``seconds`` from now (``Lease.extend``)."""
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        ms = to_ms(seconds)
+        reply = await self.engine.retry(
+            hold.renew_script, (hold.renew_key,), (ms, *hold.renew_args)
+        )
+        if int(reply[0]) != 1:
+            hold.gone("the hold was gone when extended")
+            raise LockNotOwnedError(f"{hold.name!r}: the hold was gone when extended")
+        new_expiry = sent + seconds
+        if new_expiry > hold.expires_at:
+            hold.expires_at = new_expiry
+            if hold.timer is not None:
+                hold.timer.cancel()
+                hold.timer = loop.call_at(new_expiry, hold.gone, "the fixed lease expired")
+
+    def renew_batch(self, script: str, items: list[Any], lease: float) -> asyncio.Future[Any]:
+        """Renew ``items`` (to last at least ``lease`` seconds) in one script call,
+        on the watchdog's own connection.
+
+        A hold found alive is confirmed for the current connection epoch, if
+        no connection was lost between the call and its reply.
+        """
+        engine = self.engine
+        keys = tuple(item.renew_key for item in items)
+        args: list[Any] = [to_ms(lease)]
+        for item in items:
+            args.extend(item.renew_args)
+        epoch = engine.epoch
+        fut = asyncio.ensure_future(engine.eval(script, keys, tuple(args), mux=engine.renew_mux))
+
+        def confirm(fut: asyncio.Future[Any]) -> None:
+            if fut.cancelled() or fut.exception() is not None or engine.epoch != epoch:
+                return
+            for item, alive in zip(items, fut.result(), strict=False):
+                if alive == 1 and isinstance(item, Hold):
+                    item.confirmed = epoch
+
+        fut.add_done_callback(confirm)
+        return fut
+
+    def run_callback(self, callback: LostCallback, lease: Lease) -> None:
+        """Run a lost lease's ``on_lost`` callback (a coroutine one as a task), logging errors."""
+        try:
+            awaitable = call_lost_callback(callback, lease)
+        except Exception:
+            log.exception("aiolock: on_lost callback %r raised", callback)
+            return
+        if awaitable is not None:
+
+            async def run() -> None:
+                try:
+                    await awaitable  # type: ignore[misc]
+                except Exception:
+                    log.exception("aiolock: on_lost callback %r raised", callback)
+
+            self.engine.spawn(run())
