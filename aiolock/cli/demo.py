@@ -38,7 +38,6 @@ import signal
 import sys
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -47,41 +46,25 @@ import redis
 import redis.asyncio as aioredis
 
 from aiolock._core.keys import main_key
+from aiolock.cli.demo_config import TICK, Config, Record
+from aiolock.cli.demo_view import (
+    _count_connections,
+    _Live,
+    _make_view,
+    _ms,
+    _percentile,
+    _PlainView,
+    _RichView,
+    handoffs,
+)
 from aiolock.cli.embedded import NoServerBinaryError, Resolved, resolve
 
 __all__ = ["add_arguments", "run"]
 
-# One hold: (lock index, fencing token, wait started, acquired, work done), ns.
-Record = tuple[int, int, int, int, int]
-
-TICK = 0.25  # how often workers report, seconds
-WINDOW = 2.0  # live figures cover the last this many seconds
 READY_TIMEOUT = 60.0
 # How long a worker that has finished keeps its connections open for the
 # parent to count them, should the parent never say it has (it always does).
 COUNT_TIMEOUT = 60.0
-
-
-# --------------------------------------------------------------------------- config
-
-
-@dataclass(frozen=True, slots=True)
-class Config:
-    url: str
-    prefix: str
-    processes: int
-    tasks: int
-    locks: int
-    duration: float
-    uvloop: bool
-    use_lock: bool
-
-    def lock_name(self, i: int) -> str:
-        return f"lock-{i}"
-
-    def data_key(self, i: int, what: str) -> str:
-        # Demo data lives under the same prefix, so one SCAN cleans up everything.
-        return f"{self.prefix}:data:{self.lock_name(i)}:{what}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -275,188 +258,6 @@ async def _worker(cfg: Config, wid: int, out: Any, go: Any, start_at: Any, count
     finally:
         await client.aclose()
         await data.aclose()
-
-
-# --------------------------------------------------------------------------- parent side
-
-
-def _percentile(sorted_values: list[int], q: float) -> float:
-    if not sorted_values:
-        return math.nan
-    k = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
-    return float(sorted_values[k])
-
-
-def handoffs(records: list[Record], settled: int | None = None) -> list[int]:
-    """Handoff latencies, ns: per lock, in hold order, from one holder's end of work
-    to the next holder's acquire returning, when that holder was already waiting."""
-    by_lock: dict[int, list[Record]] = {}
-    for rec in records:
-        by_lock.setdefault(rec[0], []).append(rec)
-    out: list[int] = []
-    for recs in by_lock.values():
-        recs.sort(key=lambda r: r[3])
-        for prev, cur in itertools.pairwise(recs):
-            if settled is not None and cur[3] > settled:
-                break
-            if cur[2] <= prev[4] <= cur[3]:
-                out.append(cur[3] - prev[4])
-    return out
-
-
-def _ms(ns: float) -> str:
-    if math.isnan(ns):
-        return "-"
-    ms = ns / 1e6
-    return f"{ms:.2f} ms" if ms < 10 else f"{ms:.1f} ms"
-
-
-@dataclass(slots=True)
-class _Live:
-    """What the parent knows while the workers run."""
-
-    cfg: Config
-    started: int = 0
-    snapshots: dict[int, dict[str, Any]] = field(default_factory=dict)
-    totals: deque[tuple[int, int]] = field(default_factory=deque)  # (at, total acquisitions)
-    recent: deque[Record] = field(default_factory=deque)
-    records: list[Record] = field(default_factory=list)
-    connections: str = "-"
-
-    def add(self, wid: int, snapshot: dict[str, Any], batch: list[Record]) -> None:
-        self.snapshots[wid] = snapshot
-        self.records.extend(batch)
-        self.recent.extend(batch)
-
-    def figures(self) -> dict[str, Any]:
-        now = time.monotonic_ns()
-        total = sum(s["acquisitions"] for s in self.snapshots.values())
-        self.totals.append((now, total))
-        while self.totals and self.totals[0][0] < now - int(1e9):
-            self.totals.popleft()
-        first_at, first_total = self.totals[0]
-        span = (now - first_at) / 1e9
-        rate = (total - first_total) / span if span > 0.2 else math.nan
-        while self.recent and self.recent[0][4] < now - int(WINDOW * 1e9):
-            self.recent.popleft()
-        # A hold can be paired with its predecessor once every worker has reported
-        # past its start (a worker's tick carries everything that ended before it).
-        settled = min((s["at"] for s in self.snapshots.values()), default=0)
-        lat = sorted(handoffs(list(self.recent), settled))
-        per_lock = [0] * self.cfg.locks
-        for rec in self.records:
-            per_lock[rec[0]] += 1
-        per_process = [
-            self.snapshots.get(w, {}).get("acquisitions", 0) for w in range(self.cfg.processes)
-        ]
-        return {
-            "elapsed": (now - self.started) / 1e9 if self.started else 0.0,
-            "total": total,
-            "rate": rate,
-            "p50": _percentile(lat, 0.50),
-            "p99": _percentile(lat, 0.99),
-            "waiting": sum(s["waiting"] for s in self.snapshots.values()),
-            "in_flight": sum(s["in_flight"] for s in self.snapshots.values()),
-            "connections": self.connections,
-            "per_lock": per_lock,
-            "per_process": per_process,
-        }
-
-
-def _count_connections(admin: redis.Redis, cfg: Config, names: set[str]) -> str:
-    try:
-        clients = admin.client_list()
-    except redis.RedisError:
-        return "n/a (CLIENT LIST refused)"
-    ours = sum(1 for c in clients if c.get("name") in names)
-    data = sum(1 for c in clients if c.get("name") == f"{cfg.prefix}-data")
-    return f"{ours} aiolock (command + pub/sub per process) + {data} for the demo's own reads"
-
-
-class _PlainView:
-    def __init__(self, cfg: Config, out: TextIO) -> None:
-        self.cfg = cfg
-        self.out = out
-        self.last = 0.0
-
-    def update(self, f: dict[str, Any], force: bool = False) -> None:
-        if not force and f["elapsed"] - self.last < 1.0:
-            return
-        self.last = f["elapsed"]
-        rate = "-" if math.isnan(f["rate"]) else f"{f['rate']:,.0f}"
-        print(
-            f"  {f['elapsed']:5.1f}s  acquisitions/s {rate:>7}  "
-            f"handoff p50 {_ms(f['p50'])} p99 {_ms(f['p99'])}  "
-            f"waiting {f['waiting']}/{self.cfg.processes * self.cfg.tasks}  "
-            f"connections {f['connections']}",
-            file=self.out,
-            flush=True,
-        )
-
-    def close(self) -> None:
-        pass
-
-
-class _RichView:
-    def __init__(self, cfg: Config, header: str) -> None:
-        from rich.console import Console
-        from rich.live import Live
-
-        self.cfg = cfg
-        self.header = header
-        self.console = Console()
-        self.live = Live(console=self.console, refresh_per_second=8, transient=False)
-        self.live.start()
-
-    def update(self, f: dict[str, Any], force: bool = False) -> None:
-        from rich.panel import Panel
-        from rich.progress_bar import ProgressBar
-        from rich.table import Table
-
-        cfg = self.cfg
-        grid = Table.grid(padding=(0, 2))
-        grid.add_column(style="bold")
-        grid.add_column()
-        elapsed = min(f["elapsed"], cfg.duration)
-        clock = Table.grid(padding=(0, 1))
-        clock.add_row(
-            ProgressBar(total=cfg.duration, completed=elapsed, width=30),
-            f"{elapsed:.1f} / {cfg.duration:g} s",
-        )
-        grid.add_row("elapsed", clock)
-        rate = "-" if math.isnan(f["rate"]) else f"{f['rate']:,.0f}"
-        grid.add_row("acquisitions/s", f"[cyan]{rate}[/]   (total {f['total']:,})")
-        grid.add_row("handoff p50 / p99", f"[cyan]{_ms(f['p50'])}[/] / [cyan]{_ms(f['p99'])}[/]")
-        grid.add_row("tasks waiting", f"{f['waiting']:,} of {cfg.processes * cfg.tasks:,}")
-        grid.add_row("connections in use", f["connections"])
-        grid.add_row("commands in flight", f"{f['in_flight']:,}")
-        grid.add_row(
-            "holds per lock",
-            " · ".join(f"{cfg.lock_name(i)} {n:,}" for i, n in enumerate(f["per_lock"])),
-        )
-        total = max(1, sum(f["per_process"]))
-        grid.add_row(
-            "share per process",
-            " · ".join(f"{100 * n / total:.0f}%" for n in f["per_process"]),
-        )
-        self.live.update(
-            Panel(grid, title=self.header, title_align="left", expand=False), refresh=force
-        )
-
-    def close(self) -> None:
-        self.live.stop()
-
-
-def _make_view(cfg: Config, plain: bool, header: str, out: TextIO) -> _PlainView | _RichView:
-    if not plain and out.isatty():
-        try:
-            return _RichView(cfg, header)
-        except ImportError:
-            pass
-    return _PlainView(cfg, out)
-
-
-# --------------------------------------------------------------------------- checks
 
 
 @dataclass(frozen=True, slots=True)
