@@ -10,14 +10,16 @@ cheap view (a name and a protocol) over that Engine.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import redis.asyncio as aioredis
 
 from ._core.engine import Engine
 from ._core.errors import InvalidArgumentError, InvalidArgumentTypeError
+from ._core.keys import main_key
 from ._core.notify import Backoff
 from ._core.options import ClientStatistics, Notify, check_options
 from ._primitives.fair import FairLock
@@ -59,8 +61,6 @@ class Client:
     callbacks run) and released in Redis, so that other processes do not
     wait out the lease.
     """
-
-    __slots__ = ("__weakref__", "_engine")
 
     def __init__(
         self,
@@ -126,37 +126,31 @@ class Client:
 
     def fair_lock(self, name: str) -> FairLock:
         """A reentrant lock granted in strict FIFO order across all Clients."""
-        from ._primitives.fair import FairLock
 
         return FairLock(self._engine, name)
 
     def rw_lock(self, name: str) -> ReadWriteLock:
         """A read-write lock: ``.read`` (shared) and ``.write`` (exclusive)."""
-        from ._primitives.rwlock import ReadWriteLock
 
         return ReadWriteLock(self._engine, name)
 
     def semaphore(self, name: str, permits: int) -> Semaphore:
         """At most ``permits`` holders at once; every permit is a lease."""
-        from ._primitives.semaphore import Semaphore
 
         return Semaphore(self._engine, name, permits)
 
     def spin_lock(self, name: str, *, backoff: Backoff | None = None) -> SpinLock:
         """The AsyncLock protocol without pub/sub: capped exponential backoff."""
-        from ._primitives.spin import SpinLock
 
         return SpinLock(self._engine, name, backoff=backoff)
 
     def multi_lock(self, *locks: AsyncLock) -> MultiLock:
         """All or nothing over several locks, taken in a fixed order."""
-        from ._primitives.multi import MultiLock
 
         return MultiLock(self._engine, *locks)
 
     def latch(self, name: str, count: int) -> Latch:
         """A distributed count-down latch."""
-        from ._primitives.latch import Latch
 
         return Latch(self._engine, name, count)
 
@@ -186,6 +180,14 @@ class Client:
     @property
     def backoff(self) -> Backoff:
         return self._engine.backoff
+
+    def key(self, name: str) -> str:
+        """The main key of ``name`` in Redis, ``<prefix>:{<name>}`` (no I/O)."""
+        return main_key(self._engine.prefix, name)
+
+    def owner(self, task: asyncio.Task[Any]) -> str:
+        """The owner id of ``task``'s holds in this Client, ``<client id>:<task serial>``."""
+        return self._engine.owner(task)
 
     # -- lifecycle -----------------------------------------------------------------------
 

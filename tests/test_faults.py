@@ -247,3 +247,33 @@ async def test_each_failed_command_gets_its_own_error(proxy: TcpProxy) -> None:
             assert first.__cause__ is second.__cause__ is not None
         proxy.restore()
         await assert_clean(client)
+
+
+async def test_pubsub_link_dropped_right_after_subscribing_backs_off(server: RedisServer) -> None:
+    """A pub/sub link the server accepts and drops at once (an output buffer
+    limit, a proxy) is retried with a growing pause, not in a tight loop: only
+    a link that served a whole health interval makes the next attempt quick."""
+    async with (
+        Client.from_url(server.url, prefix="fb") as holder,
+        Client.from_url(server.url, prefix="fb") as waiter,
+    ):
+        listener = waiter._engine.listener
+        listener._health_interval = 3600.0  # no session here lasts that long
+        held = await holder.lock("k").acquire()
+        task = asyncio.create_task(waiter.lock("k").acquire())
+        name = f"fb:{{k}}:w:{waiter.id}".encode()
+        await eventually(lambda: listener.channels.get(name) is not None, what="the channel")
+        channel = listener.channels[name]
+        for drop in range(1, 4):
+            await eventually(lambda: channel.is_confirmed, what=f"subscription {drop}")
+            assert server.kill_pubsub_clients() >= 1
+            await eventually(
+                lambda drop=drop: listener.connects >= drop + 1,  # type: ignore[misc]
+                timeout=30,
+                what=f"reconnect {drop}",
+            )
+        # Three short-lived links in a row: 0.05, 0.1, then 0.2 s between attempts.
+        assert listener._dialer._delay == pytest.approx(0.2)
+        await held.release()
+        await (await asyncio.wait_for(task, 30)).release()
+        await assert_clean(holder, waiter)

@@ -8,6 +8,7 @@ one hash tag (one Redis Cluster slot), and the Lua scripts build none.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 from importlib import resources
@@ -169,3 +170,13 @@ def test_scripts_build_no_name() -> None:
         code = "\n".join(line.split("--", 1)[0] for line in entry.read_text("utf-8").splitlines())
         assert not re.search(r"\.\.\s*['\"]:", code), entry.name
         assert not re.search(r"['\"]:[a-z]+:?['\"]\s*\.\.", code), entry.name
+
+
+async def test_client_names_a_key_and_an_owner() -> None:
+    """``client.key(name)`` and ``client.owner(task)`` are what the locks use."""
+    client = Client.from_url("redis://127.0.0.1:1/0", prefix="pp")
+    assert client.key("n") == "pp:{n}" == client.lock("n")._key
+    task = asyncio.current_task()
+    assert task is not None
+    assert client.owner(task) == client._engine.owner(task)
+    assert client.owner(task).startswith(f"{client.id}:")

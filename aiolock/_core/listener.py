@@ -334,12 +334,18 @@ class Listener:
                 self._wanted.clear()
                 await self._wanted.wait()
             await dialer.pause()
+            started = asyncio.get_running_loop().time()
             try:
                 await self._session()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("aiolock listener: pub/sub connection lost (%s); reconnecting", exc)
+                # A link that served for a health interval or more was sound: the
+                # next attempt comes soon. One the server accepts and then drops
+                # at once (a pub/sub output buffer limit, a proxy) backs off.
+                if asyncio.get_running_loop().time() - started >= self._health_interval:
+                    dialer.proven()
                 dialer.failed()
             finally:
                 for channel in self._channels.values():
@@ -417,7 +423,6 @@ class Listener:
                 del self._expect[name]
             channel = self._channels.get(name)
             if kind == b"subscribe" and channel is not None:
-                self._dialer.proven()  # the link works: a loss reconnects soon
                 channel.set_confirmed(True)
                 if channel.resync:
                     channel.resync = False

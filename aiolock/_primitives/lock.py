@@ -261,7 +261,10 @@ class LocalQueue:
             redis_identity=hold,
         )
         new.reserve = hold.reserve - 1
-        self.lot.hand(turn, new)
+        if not self.lot.hand(turn, new):
+            # Not reached today (release() picks a live waiter and hands with
+            # no await between), but a hold nobody takes must not stay held.
+            self.engine.spawn(new.new_lease().release())
         done = Outcome(loop=loop)
         done.set_result(1)
         return done
