@@ -50,7 +50,7 @@ class Client:
     * ``notify``: how waiters learn of a release: ``"pubsub"`` (one shared
       pub/sub connection), ``"list"`` (BLPOP on a signal list, for servers
       without pub/sub) or ``"poll"`` (capped exponential backoff). See
-      ``aiolock._notify``. ``backoff`` tunes the ``"poll"`` mode.
+      ``aiolock._core.notify``. ``backoff`` tunes the ``"poll"`` mode.
     * ``command_timeout``: a connection that answers nothing for this long
       while commands are pending is closed and reconnected.
 

@@ -24,7 +24,7 @@ Every error a command fails with is an AiolockError (``_errors.from_redis``,
 redis-py's exception as its ``__cause__``): ConnectionFailedError when the
 connection failed, ServerRefusedError (or WrongTypeError) for an error
 reply. The one exception is NOSCRIPT, left as redis-py's NoScriptError for
-the script runner to reload the script (see ``Client._eval``).
+the script runner to reload the script (see ``Engine.eval``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How a waiting task learns that it may try again: the three notify modes.
 
-Every primitive waits the same way (see ``_listener``): register, make sure
+Every primitive waits the same way (see ``listener``): register, make sure
 the registration is live, try, and if that failed park until woken or until
 a bound (the holder's TTL, the caller's deadline) passes, then try again. A
 *Waiter* is one task's registration; the mode decides what wakes it. In

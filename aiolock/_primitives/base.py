@@ -2,7 +2,7 @@
 
 ``compete`` is trio's "check, try without waiting, then park" as one loop,
 used by every waiting primitive: try in Redis; if that failed, register a
-Waiter (see ``_notify``), make sure it is live, and try again at once (so a
+Waiter (see ``aiolock._core.notify``), make sure it is live, and try again at once (so a
 release between the first try and the registration is not missed); then
 park until woken or until the bound passes (the holder's TTL, cut to the
 caller's deadline), and try again. One last try is always made at the
