@@ -40,6 +40,7 @@ from ._core.errors import LockTimeoutError as LockTimeoutError
 from ._core.errors import LockUpgradeError as LockUpgradeError
 from ._core.errors import ServerRefusedError as ServerRefusedError
 from ._core.errors import ServerUnavailableError as ServerUnavailableError
+from ._core.errors import UnsupportedServerError as UnsupportedServerError
 from ._core.errors import WrongEventLoopError as WrongEventLoopError
 from ._core.errors import WrongTypeError as WrongTypeError
 from ._core.lease import Lease as Lease
@@ -83,6 +84,7 @@ __all__ = [
     "ServerRefusedError",
     "ServerUnavailableError",
     "SpinLock",
+    "UnsupportedServerError",
     "WriteLock",
     "WrongEventLoopError",
     "WrongTypeError",

@@ -16,6 +16,8 @@ from types import TracebackType
 from typing import Any, Self
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from ._core.engine import Engine
 from ._core.errors import InvalidArgumentError, InvalidArgumentTypeError
@@ -64,7 +66,7 @@ class Client:
 
     def __init__(
         self,
-        redis: aioredis.Redis,
+        redis: aioredis.Redis | RedisCluster,
         *,
         prefix: str = "aiolock",
         lease: float = 30.0,
@@ -80,7 +82,7 @@ class Client:
             command_timeout=command_timeout,
             backoff=backoff,
         )
-        self._engine = Engine(redis, options)
+        self._engine = Engine(redis, options, cluster=None, cluster_client=None)
 
     @classmethod
     def from_url(
@@ -92,13 +94,29 @@ class Client:
         notify: Notify = "pubsub",
         command_timeout: float = 10.0,
         backoff: Backoff | None = None,
+        cluster: bool | None = None,
     ) -> Client:
-        """A Client with its own connections to ``url`` (``redis://``, ``rediss://``, ``unix://``)."""
+        """A Client with its own connections to ``url`` (``redis://``, ``rediss://``, ``unix://``).
+
+        ``cluster``: ``None`` (the default) asks the server on first use
+        (one ``INFO cluster``) and, if it is a Redis Cluster or Valkey
+        Cluster node, discovers the cluster from it and runs in cluster
+        mode; ``True`` treats ``url`` as a seed node of a cluster (no
+        question asked); ``False`` treats it as a standalone server. Cluster
+        mode needs Redis 7.0 or Valkey 7.2 or newer on every node
+        (``UnsupportedServerError`` at the first command otherwise).
+        """
         if not isinstance(url, str) or not url:
             raise InvalidArgumentTypeError(f"url must be a non-empty str, got {url!r}")
+        if cluster is not None and not isinstance(cluster, bool):
+            raise InvalidArgumentTypeError(
+                f"cluster must be True, False or None (find out), got {cluster!r}"
+            )
         try:
-            redis = aioredis.Redis.from_url(url)
-        except ValueError as exc:  # redis-py's parse: scheme, port, query arguments
+            redis: aioredis.Redis | RedisCluster = (
+                RedisCluster.from_url(url) if cluster else aioredis.Redis.from_url(url)
+            )
+        except (ValueError, RedisClusterException) as exc:  # redis-py's parse: scheme, port...
             shown = re.sub(r"//[^/@]*@", "//***@", url)  # no password in messages
             raise InvalidArgumentError(
                 f"invalid Redis URL {shown!r}: {exc}. "
@@ -107,13 +125,20 @@ class Client:
                 "port and db, and query arguments of the right type "
                 "(e.g. ?socket_connect_timeout=5)"
             ) from exc
-        client = cls(
+        options = check_options(
             redis,
             prefix=prefix,
             lease=lease,
             notify=notify,
             command_timeout=command_timeout,
             backoff=backoff,
+        )
+        client = cls.__new__(cls)
+        client._engine = Engine(
+            redis,
+            options,
+            cluster=cluster,
+            cluster_client=lambda: RedisCluster.from_url(url),
         )
         client._engine.owns_redis = True
         return client

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from redis.exceptions import (
     BusyLoadingError,
@@ -49,7 +49,7 @@ from .futures import stop
 from .hiredis import hiredis
 from .redis_compat import ConnectionFactory
 
-__all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Orphan"]
+__all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Lane", "Orphan"]
 
 #: The errors that say a command did not run (an error reply, a refusal):
 #: an orphaned acquire that failed with one of these needs no undo.
@@ -65,6 +65,27 @@ _REPLY_CLASSES: dict[str, type[ResponseError] | type[BusyLoadingError]] = {
 
 #: Receives the reply (or the error) of a command whose caller stopped waiting.
 Orphan = Callable[[Any, BaseException | None], None]
+
+
+class Lane(Protocol):
+    """What the Engine sends commands through: one ``CommandConnection``
+    (standalone) or a ``ClusterMux`` (cluster mode: one per master)."""
+
+    @property
+    def connects(self) -> int: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    def submit(self, *args: Any, orphan: Orphan | None = None) -> asyncio.Future[Any]: ...
+
+    def send(self, *args: Any, callback: Orphan) -> None: ...
+
+    async def call(self, *args: Any, orphan: Orphan | None = None) -> Any: ...
+
+    async def drain(self, seconds: float) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 class CommandConnection:
@@ -337,7 +358,10 @@ def _error(reply: Exception) -> Exception:
     if message.startswith("NOSCRIPT"):
         return NoScriptError(message)
     cls = _REPLY_CLASSES.get(message.split(" ", 1)[0], ResponseError)
-    return from_redis(cls(message))
+    cause = cls(message)
+    error = from_redis(cause)
+    error.__cause__ = cause
+    return error
 
 
 class _ReplyProtocol(asyncio.Protocol):

@@ -38,18 +38,28 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .connection import CommandConnection, Orphan
-from .errors import ClientClosedError, WrongEventLoopError, asyncio_required, from_redis
+from .cluster import ClusterMux, ShardedListener, Topology, check_versions
+from .connection import CommandConnection, Lane, Orphan
+from .errors import (
+    ClientClosedError,
+    ServerRefusedError,
+    UnsupportedServerError,
+    WrongEventLoopError,
+    asyncio_required,
+    from_redis,
+)
+from .futures import stop
 from .holds import Holds
 from .listener import Channel, Listener
 from .notify import ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
 from .options import ClientStatistics, Notify, Options
 from .owner import task_serial
-from .redis_compat import connection_factory
+from .redis_compat import ConnectionFactory, connection_factory
 from .scripts import Script, load_scripts
 from .undo import Call, OnReply, Undo
 from .validate import to_ms
@@ -75,6 +85,10 @@ _WRONG_LOOP = (
 )
 
 
+def _no_connection() -> Any:
+    raise AssertionError("aiolock: a cluster-mode Client connects to the cluster's nodes only")
+
+
 class Engine:
     """The engine of one Client: connections, listener, watchdog, scripts, holds.
 
@@ -83,7 +97,20 @@ class Engine:
     its public attributes and methods; its ``_``-names are its own.
     """
 
-    def __init__(self, redis: aioredis.Redis, options: Options) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis | RedisCluster,
+        options: Options,
+        *,
+        cluster: bool | None = False,
+        cluster_client: Callable[[], RedisCluster] | None = None,
+    ) -> None:
+        """``redis``: the user's client (its settings make every connection).
+        ``cluster``: True (a ``RedisCluster`` is given, or ``from_url(...,
+        cluster=True)``), False (a standalone server, as given), or None:
+        ask the server on first use (one ``INFO cluster``) and switch to
+        cluster mode if it is a cluster node, discovering the cluster from
+        ``cluster_client()`` (None: say that a RedisCluster is needed)."""
         self.prefix = options.prefix
         self.lease = options.lease
         self.notify: Notify = options.notify
@@ -91,10 +118,26 @@ class Engine:
         self.backoff = options.backoff
         self.id = secrets.token_hex(16)
         self._redis = redis
+        if isinstance(redis, RedisCluster):
+            cluster = True
+        #: True in cluster mode, False standalone, None until the first use finds out.
+        self.cluster: bool | None = cluster
+        self._cluster_client = redis if isinstance(redis, RedisCluster) else None
+        self._make_cluster_client = cluster_client
+        self.topology: Topology | None = None
+        # Until the mode is known: the first command waits for it (_settle).
+        self._settling: asyncio.Task[None] | None = None
+        self._settled = cluster is False
         # Every connection of this Client is made by it (see Dialer): the
         # redis client's settings, named after this Client on the server.
-        self._new_connection = connection_factory(redis, f"aiolock:{self.id[:12]}")
+        self._client_name = f"aiolock:{self.id[:12]}"
+        self._new_connection: ConnectionFactory = (
+            connection_factory(redis, self._client_name)
+            if isinstance(redis, aioredis.Redis)
+            else _no_connection
+        )
         self.owns_redis = False
+        self.owns_cluster_client = False
         self.scripts: dict[str, Script] = load_scripts()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
@@ -125,7 +168,7 @@ class Engine:
         self.extend_hold = holds.extend_hold
         self.renew_batch = holds.renew_batch
         self.run_callback = holds.run_callback
-        self.mux = CommandConnection(
+        self.mux: Lane = CommandConnection(
             self._new_connection,
             command_timeout=self.command_timeout,
             on_connect=self._preload,
@@ -133,13 +176,15 @@ class Engine:
         )
         # The watchdog's own lane: renewals never queue behind a burst of
         # acquires and releases on the main connection (connected on first use).
-        self.renew_mux = CommandConnection(
+        self.renew_mux: Lane = CommandConnection(
             self._new_connection,
             command_timeout=self.command_timeout,
             on_connect=self._preload,
             on_reset=self._verifier.connection_reset,
         )
-        self.listener = Listener(self._new_connection, on_reset=self._verifier.connection_reset)
+        self.listener: Listener | ShardedListener = Listener(
+            self._new_connection, on_reset=self._verifier.connection_reset
+        )
         self.signals = SignalHub(self._new_connection, command_timeout=self.command_timeout)
         # Tasks parked in Redis-side waits of primitives without a LocalQueue.
         self.parked = 0
@@ -249,8 +294,13 @@ class Engine:
             await self.mux.drain(0.5)
             await self.mux.aclose()
             await self.renew_mux.aclose()
+        await stop(self._settling)
+        if self.topology is not None:
+            await self.topology.aclose()
         if self.owns_redis:
             await self._redis.aclose()
+        if self.owns_cluster_client and self._cluster_client is not None:
+            await self._cluster_client.aclose()
 
     # -- introspection -------------------------------------------------------------------
 
@@ -322,18 +372,107 @@ class Engine:
 
     # -- Redis, routed by key ------------------------------------------------------------------
 
-    def _route(self, key: Any) -> CommandConnection:
-        """The command connection that serves ``key`` (standalone: always the one).
+    def _route(self, key: Any) -> Lane:
+        """The command lane that serves ``key``: standalone, the one command
+        connection; in cluster mode the ``ClusterMux``, which sends each
+        command to the master of its key's slot (cluster.py).
 
-        The only place that picks a connection for a primitive's command: a
-        Cluster router replaces this method.
+        The only place that picks a connection for a primitive's command.
         """
         return self.mux
 
     async def call(self, key: Any, *command: Any) -> Any:
         """Send a plain command about ``key`` (its first argument after the name)
         and return the reply, e.g. ``call(key, b"PTTL", key)``."""
+        if not self._settled:
+            await self._settle()
         return await self._route(key).call(*command)
+
+    # -- the mode: standalone or cluster ------------------------------------------------------
+
+    async def _settle(self) -> None:
+        """Find out the mode (cluster or not) and set it up, once: every command
+        waits for it on first use. Fails like a command if the server cannot be
+        reached; the next command tries again."""
+        task = self._settling
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            task = self._settling = asyncio.get_running_loop().create_task(
+                self._set_mode(), name="aiolock-settle"
+            )
+        await asyncio.shield(task)
+
+    async def _set_mode(self) -> None:
+        if self.cluster is None:
+            try:
+                info = await self.mux.call(b"INFO", b"cluster")
+            except ServerRefusedError as exc:
+                if exc.code != "NOPERM":
+                    raise
+                # An ACL user without INFO: a cluster would need CLUSTER SLOTS
+                # too, so take it for a standalone server (from_url(...,
+                # cluster=True) says otherwise).
+                info = b""
+            if b"cluster_enabled:1" not in info:
+                self.cluster = False
+                self._settled = True
+                return
+            if self._make_cluster_client is None:
+                raise UnsupportedServerError(
+                    "this server is a Redis Cluster node, and this Client was given a "
+                    "plain redis.asyncio.Redis: pass a redis.asyncio.RedisCluster "
+                    "(Client(RedisCluster(host=..., port=...))) or use "
+                    "Client.from_url(url), which finds the cluster by itself"
+                )
+            self._cluster_client = self._make_cluster_client()
+            self.owns_cluster_client = True
+            await self.mux.aclose()
+        await self._start_cluster()
+        self.cluster = True
+        self._settled = True
+
+    async def _start_cluster(self) -> None:
+        """Cluster mode: discover the slot map, one lane of connections per
+        master for commands and one for renewals, sharded pub/sub, the
+        cluster variant of every script."""
+        assert self._cluster_client is not None
+        topology = Topology(self._cluster_client, self._client_name)
+        await topology.refresh()
+        self.scripts = load_scripts(cluster=True)
+        sources = {s.sha.encode(): s.source.encode() for s in self.scripts.values()}
+        reset = self._verifier.connection_reset
+        mux = ClusterMux(
+            topology,
+            command_timeout=self.command_timeout,
+            scripts=lambda: sources,
+            on_connect=self._preload,
+            on_reset=reset,
+        )
+        await check_versions(mux)
+        self.topology = topology
+        self.mux = mux
+        self.renew_mux = ClusterMux(
+            topology,
+            command_timeout=self.command_timeout,
+            scripts=lambda: sources,
+            on_connect=self._preload,
+            on_reset=reset,
+        )
+        listener = ShardedListener(topology, on_reset=reset)
+        topology.on_change = listener.rehome
+        old, self.listener = self.listener, listener
+        if self._started:
+            listener.start()
+        await old.aclose()
+        old_signals, self.signals = (
+            self.signals,
+            SignalHub(
+                self._new_connection,
+                command_timeout=self.command_timeout,
+                factory_for=topology.factory_for,
+                on_failure=topology.refresh_soon,
+            ),
+        )
+        await old_signals.aclose()
 
     def _preload(self) -> list[tuple[Any, ...]]:
         return [(b"SCRIPT", b"LOAD", s.source) for s in self.scripts.values()]
@@ -342,6 +481,8 @@ class Engine:
         self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...]
     ) -> asyncio.Future[Any]:
         """Send a script for ``keys[0]`` now; the future gets its reply."""
+        if not self._settled:
+            return asyncio.ensure_future(self.eval(name, keys, args))
         script = self.scripts[name]
         return self._route(keys[0]).submit(b"EVALSHA", script.sha, len(keys), *keys, *args)
 
@@ -353,13 +494,24 @@ class Engine:
         It must not raise: an exception is logged, and the callback is given
         no second call. (A NOSCRIPT error is passed on like any other.)
         """
-        script = self.scripts[name]
 
         def guarded(reply: Any, error: BaseException | None) -> None:
             try:
                 callback(reply, error)
             except Exception:
                 log.exception("aiolock: reply handler of %r failed", name)
+
+        if not self._settled:  # (only before the first command: see _settle)
+            fut = asyncio.ensure_future(self.eval(name, keys, args))
+            fut.add_done_callback(
+                lambda f: (
+                    guarded(None, f.exception())
+                    if f.exception() is not None
+                    else guarded(f.result(), None)
+                )
+            )
+            return
+        script = self.scripts[name]
 
         self._route(keys[0]).send(b"EVALSHA", script.sha, len(keys), *keys, *args, callback=guarded)
 
@@ -369,11 +521,13 @@ class Engine:
         keys: tuple[Any, ...],
         args: tuple[Any, ...],
         orphan: Any = None,
-        mux: CommandConnection | None = None,
+        mux: Lane | None = None,
     ) -> Any:
         """Run a script for ``keys[0]``; reload it once on NOSCRIPT (safe: NOSCRIPT
         means it did not run). ``orphan(reply, error)`` runs if the caller gives
         up before the reply (see ``undo``); ``mux`` is the watchdog's own lane."""
+        if not self._settled:
+            await self._settle()
         script = self.scripts[name]
         mux = mux or self._route(keys[0])
         try:

@@ -25,6 +25,7 @@ __all__ = [
     "LockUpgradeError",
     "ServerRefusedError",
     "ServerUnavailableError",
+    "UnsupportedServerError",
     "WrongEventLoopError",
     "WrongTypeError",
     "asyncio_required",
@@ -86,6 +87,17 @@ class WrongEventLoopError(AiolockError, RuntimeError):
     every ``asyncio.run()`` makes a new one). Create the Client inside the
     loop that uses it (in a function-scoped fixture, or in your main
     coroutine): one Client per event loop.
+    """
+
+
+class UnsupportedServerError(AiolockError):
+    """The server cannot run what this Client was asked to do, found when connecting.
+
+    A cluster whose nodes run Redis older than 7.0 (or Valkey older than
+    7.2): aiolock's cluster mode needs sharded pub/sub. Or a cluster node
+    given as a plain ``redis.asyncio.Redis``: pass a
+    ``redis.asyncio.RedisCluster``, or use ``Client.from_url(url)``. The
+    message says which, and what to do. Nothing was changed in Redis.
     """
 
 
@@ -182,12 +194,18 @@ _ADVICE = {
     "LOADING": "The server is loading its data set: retry in a moment",
     "MASTERDOWN": "The replica lost its master: retry after the failover",
     "TRYAGAIN": "A cluster slot is being migrated: retry in a moment",
+    "CLUSTERDOWN": "The cluster cannot serve this slot now (a failover in progress, or "
+    "no master for it): retry after the failover",
+    "MOVED": "The cluster moved the slot again and again (a resharding in progress): retry",
+    "ASK": "The cluster's slot migration kept redirecting the command: retry",
     "NOREPLICAS": "Not enough replicas are connected to accept writes",
     "NOSCRIPT": "The server lost aiolock's script twice in a row (SCRIPT FLUSH?): retry",
 }
 _CODES = re.compile(r"\b(" + "|".join(sorted(_ADVICE)) + r")\b")
 #: Error codes of a server that cannot serve for a while (the command did not run).
-UNAVAILABLE_CODES = frozenset({"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN"})
+UNAVAILABLE_CODES = frozenset(
+    {"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "MOVED", "ASK"}
+)
 
 
 def from_redis(exc: BaseException) -> AiolockError:

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-from .connection import CommandConnection, Orphan
+from .connection import Lane, Orphan
 from .errors import LockNotOwnedError
 from .futures import Outcome
 from .lease import Hold, HoldEngine, Lease, LostCallback, call_lost_callback
@@ -44,7 +44,7 @@ class HoldOwner(HoldEngine, Protocol):
     def watchdog(self) -> Watchdog: ...
 
     @property
-    def renew_mux(self) -> CommandConnection: ...
+    def renew_mux(self) -> Lane: ...
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
 
@@ -53,7 +53,7 @@ class HoldOwner(HoldEngine, Protocol):
     ) -> None: ...
 
     async def eval(
-        self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...], *, mux: CommandConnection
+        self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...], *, mux: Lane
     ) -> Any: ...
 
     async def retry(self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any: ...

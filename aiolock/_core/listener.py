@@ -32,6 +32,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -43,9 +44,11 @@ from .hiredis import hiredis
 from .parking import Parked, ParkingLot
 from .redis_compat import ConnectionFactory
 
-__all__ = ["WAKE_ALL", "WAKE_ONE", "Channel", "Listener"]
+__all__ = ["WAKE_ALL", "WAKE_ONE", "Channel", "Listener", "Subscriber"]
 
 log = logging.getLogger("aiolock")
+
+_SUBSCRIBE_REPLIES = frozenset((b"subscribe", b"unsubscribe", b"ssubscribe", b"sunsubscribe"))
 
 WAKE_ONE = b"1"
 WAKE_ALL = b"*"
@@ -193,6 +196,15 @@ class Channel:
             self._confirmed.set()
 
 
+class Subscriber(Protocol):
+    """What a waiter needs of a listener: a ``Listener`` or, in cluster mode,
+    a ``ShardedListener`` (cluster.py)."""
+
+    def register(self, name: bytes) -> Channel: ...
+
+    def unregister(self, channel: Channel, *, linger: bool = False) -> None: ...
+
+
 class Listener:
     """One pub/sub connection, any number of channels, run by one task."""
 
@@ -206,9 +218,20 @@ class Listener:
         health_interval: float = 5.0,
         backoff_cap: float = 2.0,
         on_reset: Callable[[], None] | None = None,
+        sharded: bool = False,
+        on_moved: Callable[[], None] | None = None,
     ) -> None:
         # on_reset: called when an established pub/sub connection is lost (not on close).
         self._dialer = Dialer(factory, on_reset=on_reset, backoff_cap=backoff_cap)
+        # Sharded (cluster mode): SSUBSCRIBE / SUNSUBSCRIBE on the master of
+        # the channels' slots, one command per channel (a sharded command's
+        # channels must share a slot). on_moved: the server dropped a channel
+        # (a server-sent sunsubscribe after a failover or a slot migration) or
+        # refused one (MOVED): the channels may belong to another node now.
+        self.sharded = sharded
+        self._on_moved = on_moved
+        self._subscribe = b"SSUBSCRIBE" if sharded else b"SUBSCRIBE"
+        self._unsubscribe_cmd = b"SUNSUBSCRIBE" if sharded else b"UNSUBSCRIBE"
         self._health_interval = health_interval
         self._channels: dict[bytes, Channel] = {}
         # Replies still due per channel, in send order: True = subscribe.
@@ -248,10 +271,31 @@ class Listener:
         channel = self._channels.get(name)
         if channel is None:
             channel = self._channels[name] = Channel(name)
-            self._send(b"SUBSCRIBE", [name])
+            self._send(self._subscribe, [name])
             self._wanted.set()
         channel.refs += 1
         return channel
+
+    def adopt(self, channel: Channel) -> None:
+        """Take over ``channel`` from another node's listener (cluster mode: its
+        slot moved here). Its waiters are woken once it is confirmed here,
+        since messages may have been missed meanwhile."""
+        if self._closed:
+            channel.close()
+            return
+        channel.set_confirmed(False)
+        channel.resync = True
+        self._channels[channel.name] = channel
+        self._expect.pop(channel.name, None)  # replies due from an earlier stay are stale
+        self._send(self._subscribe, [channel.name])
+        self._wanted.set()
+
+    def disown(self, channel: Channel) -> None:
+        """Give ``channel`` up to another node's listener (see ``adopt``)."""
+        if self._channels.get(channel.name) is channel:
+            del self._channels[channel.name]
+            self._expect.pop(channel.name, None)
+            self._send(self._unsubscribe_cmd, [channel.name])
 
     def unregister(self, channel: Channel, *, linger: bool = False) -> None:
         """Drop a reference; unsubscribe after the last one.
@@ -277,7 +321,7 @@ class Listener:
             return  # waited on again meanwhile
         del self._channels[channel.name]
         channel._permits = 0
-        self._send(b"UNSUBSCRIBE", [channel.name])
+        self._send(self._unsubscribe_cmd, [channel.name])
 
     @property
     def active(self) -> int:
@@ -300,7 +344,7 @@ class Listener:
         if link is None:
             return  # (re)connecting: the session subscribes the whole set
         for name in names:
-            self._expect.setdefault(name, deque()).append(command == b"SUBSCRIBE")
+            self._expect.setdefault(name, deque()).append(command == self._subscribe)
         batch = self._batch
         if batch and self._batch_link is link:
             if batch[-1][0] == command:
@@ -317,8 +361,12 @@ class Listener:
         link, self._batch_link = self._batch_link, None
         if link is None or link is not self._link:
             return  # the connection went: the next session subscribes the whole set
+        if self.sharded:  # one command per channel: a sharded command's channels share a slot
+            data = b"".join(pack((command, name)) for command, names in batch for name in names)
+        else:
+            data = b"".join(pack((command, *names)) for command, names in batch)
         try:
-            link.write(b"".join(pack((command, *names)) for command, names in batch))
+            link.write(data)
         except Exception:
             link.abort()
 
@@ -368,7 +416,7 @@ class Listener:
         )
         self._ping_outstanding = False
         if self._channels:
-            self._send(b"SUBSCRIBE", list(self._channels))
+            self._send(self._subscribe, list(self._channels))
         self._health_handle = loop.call_later(self._health_interval, self._health_check)
         try:
             await ended
@@ -401,6 +449,20 @@ class Listener:
             self._health_interval, self._health_check
         )
 
+    def _refused(self, reply: Exception) -> None:
+        """An error reply to a (un)subscription: in cluster mode a MOVED or
+        CLUSTERDOWN says a channel belongs to another node (or none, during a
+        failover): the channels are re-homed from a fresh slot map."""
+        message = str(reply)
+        if (
+            self.sharded
+            and self._on_moved is not None
+            and message.startswith(("MOVED", "CLUSTERDOWN", "TRYAGAIN", "ASK"))
+        ):
+            self._on_moved()
+            return
+        log.warning("aiolock listener: Redis answered %s", reply)
+
     def _dispatch(self, reply: object) -> None:
         if not isinstance(reply, list) or not reply:
             # A PING answered outside subscribed mode (no channel left): a
@@ -409,20 +471,30 @@ class Listener:
                 self._ping_outstanding = False
             return
         kind = reply[0]
-        if kind == b"message":
+        if kind == b"message" or kind == b"smessage":
             channel = self._channels.get(reply[1])
             if channel is not None:
                 channel.wake(reply[2])
-        elif kind == b"subscribe" or kind == b"unsubscribe":
+        elif kind in _SUBSCRIBE_REPLIES:
             name = reply[1]
             expect = self._expect.get(name)
+            if not expect and kind == b"sunsubscribe":
+                # Not asked for: the server dropped the channel (its slot
+                # moved, a failover). Listen again where the slot is now.
+                channel = self._channels.get(name)
+                if channel is not None:
+                    channel.set_confirmed(False)
+                    channel.resync = True
+                    if self._on_moved is not None:
+                        self._on_moved()
+                return
             if expect:
                 expect.popleft()
                 if expect:
                     return  # a later (un)subscribe of the same channel is still due
                 del self._expect[name]
             channel = self._channels.get(name)
-            if kind == b"subscribe" and channel is not None:
+            if (kind == b"subscribe" or kind == b"ssubscribe") and channel is not None:
                 channel.set_confirmed(True)
                 if channel.resync:
                     channel.resync = False
@@ -454,7 +526,7 @@ class _PubSubProtocol(asyncio.Protocol):
             if reply is False:
                 return
             if isinstance(reply, hiredis.ReplyError):
-                log.warning("aiolock listener: Redis answered %s", reply)
+                self._listener._refused(reply)
                 continue
             try:
                 self._listener._dispatch(reply)

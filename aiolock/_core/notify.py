@@ -31,12 +31,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from .connection import CommandConnection
 from .errors import ClientClosedError, InvalidArgumentError
-from .listener import Channel, Listener
+from .listener import Channel, Subscriber
 from .redis_compat import ConnectionFactory
 from .validate import check_seconds
 
@@ -89,7 +90,7 @@ class Backoff:
 class PubSubWaiter:
     __slots__ = ("_channel", "_listener")
 
-    def __init__(self, listener: Listener, channel: bytes) -> None:
+    def __init__(self, listener: Subscriber, channel: bytes) -> None:
         self._listener = listener
         self._channel: Channel | None = listener.register(channel)
 
@@ -143,8 +144,19 @@ class SignalHub:
 
     BLOCK = 5  # seconds per BLPOP; the loop goes on while anyone waits
 
-    def __init__(self, factory: ConnectionFactory, *, command_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        factory: ConnectionFactory,
+        *,
+        command_timeout: float = 10.0,
+        factory_for: Callable[[bytes], ConnectionFactory] | None = None,
+        on_failure: Callable[[], None] | None = None,
+    ) -> None:
+        # factory_for (cluster mode): the connections to the master of a
+        # key's slot, asked again after each failed BLPOP (a failover, a move).
         self._factory = factory
+        self._factory_for = factory_for
+        self._on_failure = on_failure
         # A BLPOP answers within BLOCK seconds (nil if nothing came): a connection
         # silent for command_timeout more is gone.
         self._command_timeout = self.BLOCK + command_timeout
@@ -185,8 +197,10 @@ class SignalHub:
             channel.wake_all()  # pushes may have been missed while away
             return ()
 
+        factory_for = self._factory_for
+        factory = self._factory if factory_for is None else factory_for(key)
         conn = CommandConnection(
-            self._factory, command_timeout=self._command_timeout, on_connect=connected
+            factory, command_timeout=self._command_timeout, on_connect=connected
         )
         dialer = conn.dialer
         try:
@@ -198,6 +212,17 @@ class SignalHub:
                 except Exception as exc:
                     log.warning("aiolock: BLPOP on %r failed (%s); retrying", key, exc)
                     dialer.failed()
+                    if self._on_failure is not None:
+                        self._on_failure()  # cluster mode: refresh the slot map
+                    if factory_for is not None and factory_for(key) is not factory:
+                        # Cluster mode: the key's slot has another master now.
+                        await conn.aclose()
+                        factory = factory_for(key)
+                        conn = CommandConnection(
+                            factory, command_timeout=self._command_timeout, on_connect=connected
+                        )
+                        conn.dialer.failed()
+                        dialer = conn.dialer
                     continue
                 dialer.proven()
                 if reply:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from .errors import InvalidArgumentError, InvalidArgumentTypeError
 from .notify import Backoff
@@ -43,10 +44,10 @@ def check_options(
     backoff: Backoff | None,
 ) -> Options:
     """Check a Client's arguments: the options, or a typed error naming the wrong one."""
-    if not isinstance(redis, aioredis.Redis):
+    if not isinstance(redis, aioredis.Redis | RedisCluster):
         raise InvalidArgumentTypeError(
-            f"Client() takes a redis.asyncio.Redis, got {type(redis).__name__}; "
-            "use Client.from_url('redis://...') to connect by URL"
+            f"Client() takes a redis.asyncio.Redis or a redis.asyncio.RedisCluster, got "
+            f"{type(redis).__name__}; use Client.from_url('redis://...') to connect by URL"
         )
     prefix = check_prefix(prefix)
     lease_s = check_lease(lease, "lease")

@@ -27,14 +27,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-__all__ = ["ConnectionFactory", "connect", "connection_factory", "disconnect"]
+__all__ = [
+    "ConnectionFactory",
+    "connect",
+    "connection_factory",
+    "disconnect",
+    "node_connection_factory",
+]
 
 #: Builds a new, unconnected redis-py connection with aiolock's settings.
 ConnectionFactory = Callable[[], AbstractConnection]
@@ -50,19 +58,34 @@ def connection_factory(client: aioredis.Redis, client_name: str) -> ConnectionFa
     pool = client.connection_pool
 
     def new_connection() -> AbstractConnection:
-        kwargs = dict(pool.connection_kwargs)
-        kwargs.update(
-            socket_timeout=None,
-            decode_responses=False,
-            protocol=2,
-            retry=None,
-            client_name=client_name,
-        )
-        kwargs.pop("connection_pool", None)
-        conn: AbstractConnection = pool.connection_class(**kwargs)
-        return conn
+        return _new(pool.connection_class, pool.connection_kwargs, client_name)
 
     return new_connection
+
+
+def node_connection_factory(node: ClusterNode, client_name: str) -> ConnectionFactory:
+    """``connection_factory`` for one node of a ``redis.asyncio.RedisCluster``: its
+    ``ClusterNode``'s ``connection_class`` and ``connection_kwargs`` (public), the
+    cluster client's credentials and TLS settings."""
+
+    def new_connection() -> AbstractConnection:
+        return _new(node.connection_class, node.connection_kwargs, client_name)
+
+    return new_connection
+
+
+def _new(cls: type[AbstractConnection], settings: dict[str, Any], name: str) -> AbstractConnection:
+    kwargs = dict(settings)
+    kwargs.update(
+        socket_timeout=None,
+        decode_responses=False,
+        protocol=2,
+        retry=None,
+        client_name=name,
+    )
+    kwargs.pop("connection_pool", None)
+    kwargs.pop("connection_class", None)
+    return cls(**kwargs)
 
 
 async def connect(conn: AbstractConnection) -> asyncio.WriteTransport:

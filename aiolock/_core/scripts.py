@@ -27,12 +27,38 @@ from importlib import resources
 
 from .errors import WrongTypeError
 
-__all__ = ["Script", "load_scripts", "refused", "script_names"]
+__all__ = ["CROSS_SLOT", "Script", "load_scripts", "refused", "script_names"]
+
+
+#: Scripts that take keys of many names (one per renewed hold): in cluster
+#: mode they run with the ``allow-cross-slot-keys`` flag, so that the
+#: watchdog renews all the holds of one node in one call.
+CROSS_SLOT = frozenset(
+    {"renew", "fair_renew", "fair_live", "rw_renew", "rw_renew_wait", "sem_renew", "multi_acquire"}
+)
 
 
 @functools.cache
 def _source(filename: str) -> str:
     return _expand(filename, set())
+
+
+def _cluster_source(name: str, source: str) -> str:
+    """A script's cluster-mode text: every ``PUBLISH`` is a sharded ``SPUBLISH``.
+
+    In a cluster a classic PUBLISH is broadcast to every node but counts only
+    the receivers connected to the node that ran it, and aiolock grants a lock
+    to a waiting Client when PUBLISH reports a receiver: with classic pub/sub
+    that could grant a hold Redis never recorded. SPUBLISH counts the
+    subscribers of the slot's own shard, where each Client listens
+    (SSUBSCRIBE on the slot's master). The renewal scripts also get the
+    ``allow-cross-slot-keys`` flag (Redis 7.0+, Valkey 7.2+): their keys may
+    lie on many slots of one node.
+    """
+    text = source.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
+    if name in CROSS_SLOT:
+        text = "#!lua flags=allow-cross-slot-keys\n" + text
+    return text
 
 
 def _expand(filename: str, included: set[str]) -> str:
@@ -58,8 +84,10 @@ class Script:
     sha: str
 
     @classmethod
-    def from_file(cls, name: str) -> Script:
+    def from_file(cls, name: str, cluster: bool = False) -> Script:
         source = _source(f"{name}.lua")
+        if cluster:
+            source = _cluster_source(name, source)
         return cls(name, source, hashlib.sha1(source.encode("utf-8")).hexdigest())
 
 
@@ -73,9 +101,10 @@ def script_names() -> list[str]:
     )
 
 
-def load_scripts(*names: str) -> dict[str, Script]:
-    """Fresh Script objects for one Client (all of them when no name is given)."""
-    return {name: Script.from_file(name) for name in names or script_names()}
+def load_scripts(*names: str, cluster: bool = False) -> dict[str, Script]:
+    """Fresh Script objects for one Client (all of them when no name is given);
+    ``cluster``: their cluster-mode text (see ``_cluster_source``)."""
+    return {name: Script.from_file(name, cluster) for name in names or script_names()}
 
 
 def refused(exc: BaseException) -> bool:

@@ -1,0 +1,542 @@
+"""Redis Cluster and Valkey Cluster: the slot map, and one command lane per master.
+
+In cluster mode the Engine's command connection and its renewal connection
+are each a :class:`ClusterMux`: one pipelined, cancellation-safe
+``CommandConnection`` per master (made on first use), with the same
+``submit`` / ``send`` / ``call`` interface as a single connection. A command
+goes to the master of its key's slot (the key is the first key of an
+EVALSHA, else the command's first argument), computed locally with
+redis-py's ``key_slot``; the slot map comes from redis-py's cluster
+discovery (``NodesManager.initialize``: CLUSTER SLOTS on the seed nodes,
+with the user's credentials and TLS settings), never from its command path.
+
+Every reply that says "this command did not run here" is handled here, and
+re-sending is safe for each since the script did not run:
+
+* ``MOVED <slot> <host:port>``: the slot has a new owner; the map is
+  corrected for that slot at once (and refreshed in the background) and the
+  command re-sent there;
+* ``ASK <slot> <host:port>``: the slot is migrating and the key is already
+  on the target: ``ASKING`` and the command, written together on the
+  target's connection (nothing can come between them: writes are
+  synchronous);
+* ``TRYAGAIN`` (a multi-key command during a migration), ``CLUSTERDOWN``
+  (a failover in progress, a slot not served): re-sent after a capped
+  exponential backoff, the map refreshed meanwhile;
+* ``NOSCRIPT``: the script cache is per node and not replicated (a promoted
+  replica, a slot's new owner, a restarted node lack aiolock's scripts):
+  loaded on that node and the command re-sent once.
+
+All of it is bounded: at most ``MAX_REDIRECTS`` redirections and at most
+``command_timeout`` seconds of backoff; then the caller gets the last error
+as a ``ServerUnavailableError`` (the command did not run: acquires and
+releases ride it out as they ride out an outage). A lost connection is not
+re-sent: the script may have run. It fails like a single connection's (the
+caller's undo and retry logic applies) and triggers a map refresh, since
+the node may be gone for good (a failover).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections import ChainMap
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from .connection import CommandConnection, Orphan
+from .errors import (
+    ClientClosedError,
+    ConnectionFailedError,
+    UnsupportedServerError,
+    from_redis,
+)
+from .futures import stop
+from .listener import Channel, Listener
+from .redis_compat import ConnectionFactory, node_connection_factory
+
+__all__ = [
+    "MAX_REDIRECTS",
+    "ClusterMux",
+    "ShardedListener",
+    "Topology",
+    "check_versions",
+    "slot_of",
+]
+
+log = logging.getLogger("aiolock")
+
+#: Redirections (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) one command follows at most.
+MAX_REDIRECTS = 16
+#: The oldest server a cluster-mode Client runs on (Valkey 7.2 reports 7.2.x).
+MIN_VERSION = (7, 0)
+_REDIRECT = re.compile(r"\b(MOVED|ASK) (\d+) (\S+):(\d+)")
+_EVAL = (b"EVALSHA", b"EVAL")
+
+
+def slot_of(key: Any) -> int:
+    """The cluster slot of ``key`` (its hash tag's, if it has one)."""
+    return key_slot(key.encode() if isinstance(key, str) else key)
+
+
+def command_key(args: tuple[Any, ...]) -> Any:
+    """The key a command is routed by: an EVALSHA's first key, else its first argument."""
+    if args[0] in _EVAL:
+        return args[3] if int(args[2]) > 0 else None
+    return args[1] if len(args) > 1 else None
+
+
+class Topology:
+    """The slot map of one cluster, from redis-py's discovery, and its refreshes.
+
+    ``node(slot)`` is the name (``host:port``) of the slot's master; a
+    ``MOVED`` corrects one slot at once; ``refresh()`` asks the cluster again
+    (one refresh at a time; callers share it).
+    """
+
+    def __init__(self, cluster: RedisCluster, client_name: str) -> None:
+        self._cluster = cluster
+        self._client_name = client_name
+        self._slots: list[str | None] = [None] * 16384
+        self._nodes: dict[str, ClusterNode] = {}
+        self._factories: dict[str, ConnectionFactory] = {}
+        self._refreshing: asyncio.Task[None] | None = None
+        self.refreshes = 0
+        #: Called with the node names whose slots changed owner, after a refresh.
+        self.on_change: Callable[[], None] | None = None
+
+    def node(self, slot: int) -> str | None:
+        return self._slots[slot]
+
+    def masters(self) -> list[str]:
+        return sorted({name for name in self._slots if name is not None})
+
+    def factory(self, name: str) -> ConnectionFactory:
+        """Connections to node ``name`` with the cluster client's settings (one
+        factory per node: the same object each time)."""
+        factory = self._factories.get(name)
+        if factory is not None:
+            return factory
+        node = self._nodes.get(name)
+        if node is None:
+            host, _, port = name.rpartition(":")
+            node = self._nodes[name] = ClusterNode(
+                host, int(port), **self._cluster.nodes_manager.connection_kwargs
+            )
+        factory = self._factories[name] = node_connection_factory(node, self._client_name)
+        return factory
+
+    def factory_for(self, key: bytes) -> ConnectionFactory:
+        """``factory`` of the master of ``key``'s slot (any master while it has none)."""
+        name = self.node(slot_of(key))
+        if name is None:
+            masters = self.masters()
+            if not masters:
+                raise ConnectionFailedError("the cluster serves no slot right now; retry")
+            name = masters[0]
+        return self.factory(name)
+
+    def moved(self, slot: int, name: str) -> None:
+        """A MOVED said ``slot`` is served by ``name`` now."""
+        if self._slots[slot] != name:
+            self._slots[slot] = name
+            self.refresh_soon()
+
+    def refresh_soon(self) -> None:
+        """Refresh the map in the background (a no-op while one runs)."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.get_running_loop().create_task(
+                self._refresh(), name="aiolock-cluster-refresh"
+            )
+
+    async def refresh(self) -> None:
+        """Ask the cluster for its slot map now (sharing a refresh under way)."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.get_running_loop().create_task(
+                self._refresh(), name="aiolock-cluster-refresh"
+            )
+        await asyncio.shield(self._refreshing)
+
+    async def _refresh(self) -> None:
+        manager = self._cluster.nodes_manager
+        try:
+            await manager.initialize()
+        except (RedisError, OSError) as exc:
+            log.warning("aiolock: could not refresh the cluster's slot map: %s", exc)
+            raise ConnectionFailedError(
+                f"could not read the cluster's slot map from any known node: {exc}. "
+                "Check that the cluster is up and reachable; aiolock retries"
+            ) from exc
+        slots: list[str | None] = [None] * 16384
+        for slot, nodes in manager.slots_cache.items():
+            if nodes:
+                slots[slot] = nodes[0].name
+                self._nodes.setdefault(nodes[0].name, nodes[0])
+        changed = slots != self._slots
+        self._slots = slots
+        self.refreshes += 1
+        if changed and self.on_change is not None:
+            self.on_change()
+
+    async def aclose(self) -> None:
+        await stop(self._refreshing)
+
+
+class ClusterMux:
+    """One lane (the commands, or the renewals) over every master of a cluster.
+
+    The same interface as one ``CommandConnection`` (``submit``, ``send``,
+    ``call``, ``connects``, ``in_flight``, ``drain``, ``aclose``), routing
+    each command by its key's slot and following redirections (see the
+    module docstring).
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        command_timeout: float,
+        scripts: Callable[[], dict[bytes, bytes]],
+        on_connect: Callable[[], Iterable[tuple[Any, ...]]] = tuple,
+        on_reset: Callable[[], None] | None = None,
+    ) -> None:
+        self.topology = topology
+        self._command_timeout = command_timeout
+        self._scripts = scripts  # sha -> source, for NOSCRIPT
+        self._on_connect = on_connect
+        self._on_reset = on_reset
+        self._connections: dict[str, CommandConnection] = {}
+        self._closed = False
+        self._connects_closed = 0
+        self.redirects = 0
+
+    # -- connections -------------------------------------------------------------------------
+
+    def connection(self, name: str) -> CommandConnection:
+        """The command connection to node ``name`` (made on first use)."""
+        conn = self._connections.get(name)
+        if conn is None:
+            conn = self._connections[name] = CommandConnection(
+                self.topology.factory(name),
+                command_timeout=self._command_timeout,
+                on_connect=self._on_connect,
+                on_reset=self._lost,
+            )
+        return conn
+
+    def _lost(self) -> None:
+        # A node's connection was lost: it may be gone for good (a failover).
+        self.topology.refresh_soon()
+        if self._on_reset is not None:
+            self._on_reset()
+
+    @property
+    def connects(self) -> int:
+        return self._connects_closed + sum(c.connects for c in self._connections.values())
+
+    @property
+    def in_flight(self) -> int:
+        return sum(c.in_flight for c in self._connections.values())
+
+    @property
+    def nodes(self) -> list[str]:
+        """The nodes this lane has a connection to."""
+        return sorted(self._connections)
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def submit(self, *args: Any, orphan: Orphan | None = None) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def done(reply: Any, error: BaseException | None) -> None:
+            if fut.cancelled():
+                if orphan is not None:
+                    orphan(reply, error)
+            elif error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(reply)
+
+        self._dispatch(args, done)
+        return fut
+
+    def send(self, *args: Any, callback: Orphan) -> None:
+        self._dispatch(args, callback)
+
+    async def call(self, *args: Any, orphan: Orphan | None = None) -> Any:
+        fut = self.submit(*args, orphan=orphan)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if orphan is not None and fut.done() and not fut.cancelled():
+                exc = fut.exception()
+                orphan(None if exc is not None else fut.result(), exc)
+            raise
+
+    def _dispatch(self, args: tuple[Any, ...], done: Orphan) -> None:
+        if self._closed:
+            done(None, ClientClosedError("the aiolock Client was closed; create a new one"))
+            return
+        key = command_key(args)
+        if key is None:
+            raise ValueError(f"aiolock: a cluster command needs a key: {args[:2]!r}")
+        _Command(self, args, slot_of(key), done).send()
+
+    async def drain(self, seconds: float) -> None:
+        await asyncio.gather(*(c.drain(seconds) for c in self._connections.values()))
+
+    async def aclose(self) -> None:
+        self._closed = True
+        connections, self._connections = list(self._connections.values()), {}
+        for conn in connections:
+            self._connects_closed += conn.connects
+        await asyncio.gather(*(c.aclose() for c in connections))
+
+
+class _Command:
+    """One command in cluster mode, following redirections until it runs."""
+
+    __slots__ = ("_args", "_deadline", "_delay", "_done", "_mux", "_reloaded", "_slot", "_tries")
+
+    def __init__(self, mux: ClusterMux, args: tuple[Any, ...], slot: int, done: Orphan) -> None:
+        self._mux = mux
+        self._args = args
+        self._slot = slot
+        self._done = done
+        self._tries = 0
+        self._delay = 0.0
+        self._deadline = 0.0
+        self._reloaded = False
+
+    def send(self, target: str | None = None, asking: bool = False) -> None:
+        mux = self._mux
+        name = target or mux.topology.node(self._slot)
+        if name is None:  # the slot is not served (yet): as CLUSTERDOWN
+            mux.topology.refresh_soon()
+            self._later(
+                from_redis(
+                    ResponseError(
+                        f"CLUSTERDOWN slot {self._slot} is not served by any known master"
+                    )
+                )
+            )
+            return
+        conn = mux.connection(name)
+        if asking:
+            conn.send(b"ASKING", callback=_ignore)
+        conn.send(*self._args, callback=lambda reply, error: self._reply(name, reply, error))
+
+    def _reply(self, name: str, reply: Any, error: BaseException | None) -> None:
+        if error is None:
+            self._done(reply, None)
+            return
+        mux = self._mux
+        if isinstance(error, NoScriptError):
+            source = mux._scripts().get(_text(self._args[1])) if self._args[0] in _EVAL else None
+            if source is None or self._reloaded:
+                self._done(None, from_redis(error))
+                return
+            self._reloaded = True
+            conn = mux.connection(name)
+            conn.send(b"SCRIPT", b"LOAD", source, callback=_ignore)
+            conn.send(*self._args, callback=lambda r, e: self._reply(name, r, e))
+            return
+        code = getattr(error, "code", "")
+        if code not in ("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"):
+            self._done(None, error)
+            return
+        self._tries += 1
+        mux.redirects += 1
+        if self._tries > MAX_REDIRECTS:
+            self._done(None, error)
+            return
+        if code in ("MOVED", "ASK"):
+            match = _REDIRECT.search(str(error.__cause__ or error))
+            if match is None:
+                self._done(None, error)
+                return
+            target = f"{match.group(3)}:{match.group(4)}"
+            if code == "MOVED":
+                mux.topology.moved(int(match.group(2)), target)
+                self.send()
+            else:
+                self.send(target, asking=True)
+            return
+        mux.topology.refresh_soon()
+        self._later(error)
+
+    def _later(self, error: BaseException) -> None:
+        """Re-send after a capped backoff, within ``command_timeout`` in all."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._deadline == 0.0:
+            self._deadline = now + self._mux._command_timeout
+        self._delay = min(max(self._delay * 2, 0.02), 0.5)
+        if now + self._delay > self._deadline or self._mux._closed:
+            self._done(None, error)
+            return
+        loop.call_later(self._delay, self.send)
+
+
+def _text(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _ignore(reply: Any, error: BaseException | None) -> None:
+    return None
+
+
+async def check_versions(mux: ClusterMux) -> None:
+    """Refuse a cluster of servers older than Redis 7.0 / Valkey 7.2 (no sharded pub/sub)."""
+    for name in mux.topology.masters():
+        conn = mux.connection(name)
+        info = await conn.call(b"INFO", b"server")
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        match = re.search(r"^redis_version:(\d+)\.(\d+)", text, re.M)
+        if match is None:
+            continue
+        version = (int(match.group(1)), int(match.group(2)))
+        if version < MIN_VERSION:
+            raise UnsupportedServerError(
+                f"cluster node {name} runs Redis {version[0]}.{version[1]}; aiolock's cluster "
+                "mode needs Redis 7.0 or Valkey 7.2 or newer (sharded pub/sub, SPUBLISH from "
+                "scripts). Upgrade the cluster, or use a standalone server"
+            )
+
+
+class ShardedListener:
+    """The one pub/sub listener of a cluster-mode Client: one sharded
+    ``Listener`` per master it listens on, each channel on its slot's master.
+
+    The same interface as a ``Listener`` (``register``, ``unregister``,
+    ``channels``, ``active``, ``connects``, ``start``, ``aclose``). When a
+    slot changes owner (a failover, a migration: the server drops the
+    channel with a ``sunsubscribe``, refuses it with ``MOVED``, or a slot map
+    refresh shows it), its channels move, waiters and all, to the new
+    master's listener; once subscribed there, their waiters are woken to try
+    again, since a release may have been published meanwhile. No waiter
+    hangs: every wait is bounded by the holder's TTL besides.
+    """
+
+    def __init__(self, topology: Topology, *, on_reset: Callable[[], None] | None = None) -> None:
+        self._topology = topology
+        self._on_reset = on_reset
+        self._listeners: dict[str, Listener] = {}
+        self._started = False
+        self._closed = False
+        self._rehoming: asyncio.Task[None] | None = None
+        self._connects_closed = 0
+
+    def _listener(self, name: str) -> Listener:
+        listener = self._listeners.get(name)
+        if listener is None:
+            listener = self._listeners[name] = Listener(
+                self._topology.factory(name),
+                on_reset=self._lost,
+                sharded=True,
+                on_moved=self.moved,
+            )
+            if self._started:
+                listener.start()
+        return listener
+
+    def _home(self, channel: bytes) -> str:
+        name = self._topology.node(slot_of(channel))
+        if name is None:  # not served right now: the first master; re-homed on refresh
+            self._topology.refresh_soon()
+            masters = self._topology.masters()
+            if not masters:
+                raise ConnectionFailedError("the cluster serves no slot right now; retry")
+            name = masters[0]
+        return name
+
+    def _lost(self) -> None:
+        self._topology.refresh_soon()
+        if self._on_reset is not None:
+            self._on_reset()
+
+    # -- the Listener interface -------------------------------------------------------------
+
+    @property
+    def channels(self) -> ChainMap[bytes, Channel]:
+        return ChainMap(*(listener.channels for listener in self._listeners.values()))
+
+    @property
+    def active(self) -> int:
+        return sum(listener.active for listener in self._listeners.values())
+
+    @property
+    def connects(self) -> int:
+        return self._connects_closed + sum(lst.connects for lst in self._listeners.values())
+
+    @property
+    def nodes(self) -> list[str]:
+        """The masters this listener has a (sharded) listener for."""
+        return sorted(self._listeners)
+
+    def start(self) -> None:
+        self._started = True
+        for listener in self._listeners.values():
+            listener.start()
+
+    def register(self, name: bytes) -> Channel:
+        if self._closed:
+            raise ClientClosedError("the aiolock Client is closed")
+        for listener in self._listeners.values():
+            if name in listener.channels:
+                return listener.register(name)
+        return self._listener(self._home(name)).register(name)
+
+    def unregister(self, channel: Channel, *, linger: bool = False) -> None:
+        for listener in self._listeners.values():
+            if listener.channels.get(channel.name) is channel:
+                listener.unregister(channel, linger=linger)
+                return
+        channel.refs -= 1  # (moved away while no listener had it: nothing to drop)
+
+    # -- moves --------------------------------------------------------------------------------
+
+    def moved(self) -> None:
+        """A node dropped or refused a channel: refresh the map, then re-home."""
+        if self._closed:
+            return
+        if self._rehoming is None or self._rehoming.done():
+            self._rehoming = asyncio.get_running_loop().create_task(
+                self._refresh_and_rehome(), name="aiolock-cluster-rehome"
+            )
+
+    async def _refresh_and_rehome(self) -> None:
+        delay = 0.05
+        while not self._closed:
+            try:
+                await self._topology.refresh()
+            except ConnectionFailedError:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            self.rehome()
+            return
+
+    def rehome(self) -> None:
+        """Move every channel whose slot another master serves now to that master."""
+        if self._closed:
+            return
+        for node, listener in list(self._listeners.items()):
+            for name, channel in list(listener.channels.items()):
+                home = self._topology.node(slot_of(name))
+                if home is not None and home != node:
+                    listener.disown(channel)
+                    self._listener(home).adopt(channel)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        await stop(self._rehoming)
+        listeners = list(self._listeners.values())
+        for listener in listeners:
+            self._connects_closed += listener.connects
+        await asyncio.gather(*(listener.aclose() for listener in listeners))
