@@ -239,7 +239,10 @@ class _ClusterPool:
                 self._failures[kind]
             )
         _require_cluster_mode()
-        cluster = ClusterProcess(kind, _require_binary(kind))
+        # The shared cluster is never faulted on purpose: a node timeout of 5 s
+        # (not the fault tests' 1 s) keeps a CPU-starved CI machine from
+        # failing a master over under a test's feet.
+        cluster = ClusterProcess(kind, _require_binary(kind), node_timeout_ms=5000)
         try:
             cluster.start()
         except BaseException as exc:
