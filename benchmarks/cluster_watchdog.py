@@ -129,14 +129,17 @@ async def measure(
         step = max(1, locks // 100)
         await asyncio.gather(*(take(names[i : i + step]) for i in range(0, locks, step)))
         acquire_s = time.perf_counter() - t0
-        # Measure from the start of a renewal interval on.
+        # Measure whole intervals, from the middle of one (a round's calls
+        # are all sent by then) to the middle of another.
+        interval = lease / 3
         rounds0 = engine.watchdog.rounds
         while engine.watchdog.rounds == rounds0:  # noqa: ASYNC110 (the library's counter)
             await asyncio.sleep(0.005)
+        await asyncio.sleep(interval / 2)
         ticker.lags.clear()
         before = _evalsha_calls(masters)
         rounds0, calls0 = engine.watchdog.rounds, engine.watchdog.calls
-        await asyncio.sleep(duration)
+        await asyncio.sleep(max(1, round(duration / interval)) * interval)
         rounds = engine.watchdog.rounds - rounds0
         calls = engine.watchdog.calls - calls0
         lags = list(ticker.lags)
