@@ -228,3 +228,29 @@ async def test_migrating_slot_never_loses_a_hold(
         assert not [r for r in caplog.records if "renewal failed" in r.getMessage()]
         for lease in leases:
             await lease.release()
+
+
+async def test_holds_follow_a_manual_failover(fresh_cluster: ClusterProcess) -> None:
+    """A replica takes over its master's slots; the old master, a replica now,
+    answers the watchdog's calls with MOVED: the map is refreshed, the calls
+    regrouped, and the holds are renewed on the new master. None is lost."""
+    cluster = fresh_cluster
+    lease = 3.0  # a manual failover pauses the old master's clients a moment
+    prefix = f"cf{secrets.token_hex(3)}"
+    async with Client.from_url(cluster.url, prefix=prefix, lease=lease) as client:
+        old = cluster.masters()[0]
+        leases = []
+        for node in cluster.masters():
+            names = _names(prefix, node, cluster, "f")
+            leases += [await client.lock(next(names)).acquire() for _ in range(5)]
+        await _rounds(client, 1, "renewals on every master")
+        replica = cluster.replica_of(old)
+        cluster.manual_failover(replica)
+        await _rounds(client, 6, "two leases of renewals after the failover")
+        assert [lease.lost_reason for lease in leases if lease.lost] == []
+        for item in _watched(client):
+            if cluster.master_for_key(item.renew_key).node_id == replica.node_id:
+                assert _pttl(cluster, item.renew_key) > 0
+        assert client._engine.shard(leases[0]._hold.renew_key) == replica.address
+        for lease_ in leases:
+            await lease_.release()

@@ -386,6 +386,10 @@ class Holds:
         except Exception as exc:
             if slot_trouble(exc):
                 return None
+            # The node may be gone for good (a failover): the watchdog's retry
+            # (every interval / 4) groups the items by a fresh map.
+            assert engine.topology is not None
+            engine.topology.refresh_soon()
             return [exc] * len(items)
         return list(reply)
 
