@@ -15,34 +15,19 @@ import logging
 from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any, Protocol
 
-from .cluster import ClusterMux, Topology, slot_of
+from .cluster import Topology
 from .connection import Lane, Orphan
 from .errors import LockNotOwnedError
 from .futures import Outcome
 from .lease import Hold, HoldEngine, Lease, LostCallback, call_lost_callback
-from .scripts import NODE, node_call, refused
+from .scripts import refused
+from .spread import renew_spread
 from .validate import to_ms
 from .watchdog import Watchdog
 
-__all__ = ["HoldOwner", "Holds", "slot_trouble"]
+__all__ = ["HoldOwner", "Holds"]
 
 log = logging.getLogger("aiolock")
-
-#: Error codes of a refused renewal batch that say some key's slot is not
-#: (only) where the call was sent: the batch is split (see ``Holds.renew_batch``).
-_SLOT_CODES = frozenset({"MOVED", "ASK", "TRYAGAIN", "CROSSSLOT"})
-
-
-def slot_trouble(exc: BaseException) -> bool:
-    """Whether a renewal call failed because a key's slot moved or is migrating:
-    a redirection (MOVED, ASK), a multi-key call on a slot whose keys are split
-    by a migration (TRYAGAIN), keys of several slots (CROSSSLOT), or a node
-    form that touched a key its node does not serve ("non local key"). The
-    call renewed nothing that is not renewed again when it is re-sent.
-    CLUSTERDOWN is not one: the cluster as a whole cannot serve; splitting
-    would only multiply the calls (the watchdog retries the batch).
-    """
-    return getattr(exc, "code", None) in _SLOT_CODES or "non local key" in str(exc)
 
 
 class HoldOwner(HoldEngine, Protocol):
@@ -255,19 +240,16 @@ class Holds:
         no connection was lost between the call and its reply.
 
         Cluster mode: the items are expected on one node (the watchdog groups
-        them by ``Engine.shard``). Declared keys must share one slot, so a
-        batch over several slots is sent in the script's node form (its first
-        key declared, the others read as undeclared keys, see scripts.py),
-        straight to that node's connection, following no redirection. If it
-        is refused because a slot moved or is migrating (``slot_trouble``),
-        nothing is lost: see ``_renew_spread``.
+        them by ``Engine.shard``); more than one are renewed by
+        ``spread.renew_spread``: one call in the script's node form, split
+        if a slot moved or is migrating, never a hold lost for it.
         """
         engine = self.engine
         ms = to_ms(lease)
         epoch = engine.epoch
         fut: asyncio.Future[list[Any]]
         if engine.topology is not None and len(items) > 1:
-            fut = asyncio.ensure_future(self._renew_spread(script, items, ms))
+            fut = asyncio.ensure_future(renew_spread(engine, script, items, ms))
         else:
             keys = tuple(item.renew_key for item in items)
             args: list[Any] = [ms]
@@ -286,148 +268,6 @@ class Holds:
 
         fut.add_done_callback(confirm)
         return fut
-
-    # -- cluster mode: a batch over many slots -----------------------------------------------
-
-    async def _renew_spread(self, script: str, items: Sequence[Any], ms: int) -> list[Any]:
-        """Renew ``items`` (of several slots, maybe) in cluster mode.
-
-        First one node-form call to the node that serves the first item's
-        slot. Refused for a slot reason (``slot_trouble``: a slot moved or is
-        migrating): the slot map is refreshed and the items regrouped by node
-        (a failover or a finished migration costs one call per node); if that
-        is refused too, the batch is cut in halves at slot boundaries, each
-        half tried again as one call, down to a single slot, which is sent
-        with its keys declared straight to its node; if even that is refused
-        (the slot's keys are split by a migration: TRYAGAIN, or gone from it:
-        ASK), its items are renewed one by one on the renewal lane, which
-        follows MOVED and ASK for each key. So a redirection never makes a
-        hold read as gone; only a node that serves the key may answer 0.
-        Errors of another kind (a lost connection, CLUSTERDOWN) fail the
-        items of the part that met them, as the items' entries.
-        """
-        reply = await self._renew_node(script, items, ms)
-        if reply is not None:
-            return reply
-        topology = self.engine.topology
-        assert topology is not None
-        try:
-            await topology.refresh()
-        except Exception as exc:
-            return [exc] * len(items)
-        results: list[Any] = [None] * len(items)
-        by_node: dict[Hashable, list[int]] = {}
-        for i, item in enumerate(items):
-            by_node.setdefault(self.engine.shard(item.renew_key), []).append(i)
-        await asyncio.gather(
-            *(self._renew_regrouped(script, items, part, ms, results) for part in by_node.values())
-        )
-        return results
-
-    async def _renew_regrouped(
-        self, script: str, items: Sequence[Any], part: list[int], ms: int, results: list[Any]
-    ) -> None:
-        reply = await self._renew_node(script, [items[i] for i in part], ms)
-        if reply is not None:
-            for i, result in zip(part, reply, strict=True):
-                results[i] = result
-            return
-        runs: dict[int, list[int]] = {}
-        for i in part:
-            runs.setdefault(slot_of(items[i].renew_key), []).append(i)
-        await self._renew_runs(script, items, list(runs.values()), ms, results)
-
-    async def _renew_runs(
-        self, script: str, items: Sequence[Any], runs: list[list[int]], ms: int, results: list[Any]
-    ) -> None:
-        """Renew ``runs`` (the items' indices, one list per slot): cut in halves
-        until one call per half succeeds (see ``_renew_spread``)."""
-        if len(runs) == 1:
-            await self._renew_slot(script, items, runs[0], ms, results)
-            return
-        half = len(runs) // 2
-        await asyncio.gather(
-            self._renew_half(script, items, runs[:half], ms, results),
-            self._renew_half(script, items, runs[half:], ms, results),
-        )
-
-    async def _renew_half(
-        self, script: str, items: Sequence[Any], runs: list[list[int]], ms: int, results: list[Any]
-    ) -> None:
-        if len(runs) > 1:
-            part = [i for run in runs for i in run]
-            reply = await self._renew_node(script, [items[i] for i in part], ms)
-            if reply is not None:
-                for i, result in zip(part, reply, strict=True):
-                    results[i] = result
-                return
-        await self._renew_runs(script, items, runs, ms, results)
-
-    async def _renew_node(self, script: str, items: Sequence[Any], ms: int) -> list[Any] | None:
-        """One node-form call for ``items`` to the node serving the first
-        one's slot: its results, or, if another error failed it, that error
-        for each item. None if it was refused for a slot reason
-        (``slot_trouble``) or no node serves that slot: the caller splits."""
-        engine = self.engine
-        node = engine.shard(items[0].renew_key)
-        if node is None:
-            return None
-        keys = [item.renew_key for item in items]
-        args: list[Any] = [ms]
-        for item in items:
-            args.extend(item.renew_args)
-        node_keys, node_args = node_call(keys, args)
-        mux = engine.renew_mux
-        assert isinstance(mux, ClusterMux)
-        try:
-            reply = await engine.eval(
-                script + NODE, node_keys, node_args, mux=mux.connection(str(node))
-            )
-        except Exception as exc:
-            if slot_trouble(exc):
-                return None
-            # The node may be gone for good (a failover): the watchdog's retry
-            # (every interval / 4) groups the items by a fresh map.
-            assert engine.topology is not None
-            engine.topology.refresh_soon()
-            return [exc] * len(items)
-        return list(reply)
-
-    async def _renew_slot(
-        self, script: str, items: Sequence[Any], part: list[int], ms: int, results: list[Any]
-    ) -> None:
-        """Renew the items ``part`` of one slot: one call with their keys
-        declared straight to the slot's node; refused for a slot reason, one
-        call per item on the renewal lane (following MOVED and ASK)."""
-        engine = self.engine
-        mux = engine.renew_mux
-        assert isinstance(mux, ClusterMux)
-        node = engine.shard(items[part[0]].renew_key)
-        if len(part) > 1 and node is not None:
-            keys = tuple(items[i].renew_key for i in part)
-            args: list[Any] = [ms]
-            for i in part:
-                args.extend(items[i].renew_args)
-            try:
-                reply = await engine.eval(script, keys, tuple(args), mux=mux.connection(str(node)))
-            except Exception as exc:
-                if not slot_trouble(exc):
-                    for i in part:
-                        results[i] = exc
-                    return
-            else:
-                for i, result in zip(part, reply, strict=True):
-                    results[i] = result
-                return
-        replies = await asyncio.gather(
-            *(
-                engine.eval(script, (items[i].renew_key,), (ms, *items[i].renew_args), mux=mux)
-                for i in part
-            ),
-            return_exceptions=True,
-        )
-        for i, reply in zip(part, replies, strict=True):
-            results[i] = reply if isinstance(reply, BaseException) else reply[0]
 
     def run_callback(self, callback: LostCallback, lease: Lease) -> None:
         """Run a lost lease's ``on_lost`` callback (a coroutine one as a task), logging errors."""

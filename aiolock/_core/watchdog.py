@@ -2,13 +2,15 @@
 
 Every ``lease / 3`` seconds it renews everything registered with it (holds
 taken without an explicit lease, and the queue entries of waiting fair-lock
-tasks), grouped by renewal script (and in cluster mode by the master that
-serves the item's key, ``Engine.shard``: one call never spans two nodes),
-up to ``BATCH`` keys per script call, all calls pipelined on the Client's
-renewal connection(s): its own, so that a renewal never waits behind a
-burst of acquires on the main one. An item
-whose renewal finds it gone is told so at once (a hold is then lost, unless
-a release of it is under way: the release's reply decides, see
+tasks and read-write writers), grouped by renewal script (and in cluster
+mode by the master serving the item's slot: one call never spans two
+nodes, see ``shard_by`` and spread.py), up to ``BATCH`` keys per script
+call, all calls pipelined on the Client's renewal lane: its own, so that a
+renewal never waits behind a burst of acquires on the main one. The calls
+are sent one per loop turn and their replies handled one per loop turn, so
+no turn of the event loop does more than one batch of work. An item whose
+renewal finds it gone is told so at once (a hold is then lost, unless a
+release of it is under way: the release's reply decides, see
 ``Hold.gone``; renewals and releases use different connections, so a
 renewal can run after a release and be answered first). A renewal that
 fails (connection error, no reply) is retried every ``interval / 4`` until
