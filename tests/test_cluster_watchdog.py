@@ -20,8 +20,10 @@ import pytest
 import redis
 
 from aiolock import Client, Lease
+from aiolock._core.errors import ConnectionFailedError, ServerRefusedError, ServerUnavailableError
 from aiolock._core.keys import main_key
-from aiolock._core.scripts import RENEWALS
+from aiolock._core.scripts import NODE, RENEWALS, load_scripts, node_call
+from aiolock._core.spread import slot_trouble
 from aiolock._core.watchdog import group_batches
 from tests.cluster_servers import ClusterNode, ClusterProcess
 from tests.core_util import eventually
@@ -80,6 +82,35 @@ def test_batches_never_mix_shards() -> None:
     assert sorted(id(i) for _, b in batches for i in b) == sorted(id(i) for i in items)
     # Standalone (no shards): one batch per script, as before.
     assert [(s, len(b)) for s, b in group_batches(items)] == [("renew", 10), ("sem_renew", 10)]
+
+
+def test_node_form_of_every_renewal_script() -> None:
+    """In cluster mode each renewal script has a node form: one declared key,
+    the others in ARGV after their count, read by the same script text."""
+    scripts = load_scripts(cluster=True)
+    assert {name for name in scripts if name.endswith(NODE)} == {s + NODE for s in RENEWALS}
+    for name in RENEWALS:
+        flag, _, body = scripts[name + NODE].source.partition("\n")
+        assert flag == "#!lua flags=allow-cross-slot-keys"
+        _preamble, _, script = body.partition("\nend\n")
+        assert "KEYS[" not in script and "ARGV[" not in script
+    assert not any(name.endswith(NODE) for name in load_scripts())
+    assert node_call(["a", "b", "c"], [600, "x"]) == (("a",), (3, "b", "c", 600, "x"))
+
+
+def test_slot_trouble() -> None:
+    """What splits a batch: a slot moved or migrating, never an outage."""
+    for code in ("MOVED", "ASK", "TRYAGAIN"):
+        assert slot_trouble(ServerUnavailableError("...", code))
+    assert slot_trouble(ServerRefusedError("CROSSSLOT Keys ...", "CROSSSLOT"))
+    assert slot_trouble(
+        ServerRefusedError("Script attempted to access a non local key in a cluster node script")
+    )
+    assert not slot_trouble(
+        ServerUnavailableError("CLUSTERDOWN The cluster is down", "CLUSTERDOWN")
+    )
+    assert not slot_trouble(ConnectionFailedError("connection lost"))
+    assert not slot_trouble(TimeoutError())
 
 
 async def test_every_kind_of_hold_on_every_master_outlives_its_leases(
