@@ -213,6 +213,10 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
                 f"floor p99 is {f['raw_ping']['p99'] / f['raw_ping']['p50']:.0f}x its p50 on "
                 "this loop: machine noise, read this p99 ratio with care"
             )
+    if any(run["scenario"].startswith("cluster_") for run in raw["runs"]):
+        from benchmarks import _report_cluster
+
+        s["cluster"] = _report_cluster.summarise(raw, summarise)
     return s
 
 
@@ -595,6 +599,11 @@ def markdown(s: dict[str, Any], plots: list[str]) -> str:
                 f"{w['calls_per_interval']:.1f} | {w['inner_calls']} | {w['lag_p50_ms']:.2f} ms | "
                 f"{w['lag_p99_ms']:.2f} ms | {w['lag_max_ms']:.1f} ms | {w['idle_lag_p99_ms']:.2f} ms | {w['lost']} |")  # fmt: skip
         add("")
+
+    if s.get("cluster"):
+        from benchmarks import _report_cluster
+
+        L.extend(_report_cluster.markdown(s["cluster"]))
 
     if plots:
         add("## Plots\n")
