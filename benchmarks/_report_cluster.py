@@ -232,6 +232,13 @@ def markdown(s: dict[str, Any]) -> list[str]:
                         label, lib, loop, [e.get(field) if e else None for e in entries], fmt, kinds
                     )
                 )
+    for lib in libs:
+        for loop in ("uvloop", "asyncio"):
+            entries = [_entry(s, t, "throughput", lib, loop) for t in targets]
+            if entries[0] is None:
+                continue
+            totals = [((e or {}).get("connections") or {}).get("total") for e in entries]
+            add(_row("many names: connections open", lib, loop, totals, "", kinds))
     add("")
 
     add("### Watchdog in a cluster\n")

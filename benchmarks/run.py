@@ -60,13 +60,8 @@ FULL: dict[str, Any] = {
         "loops": ["uvloop", "asyncio"], "peer_loops": ["asyncio"],
         "floor": {"duration": 0.5, "max_samples": 3000},
         "uncontended": {"rounds": 2, "duration": 0.5, "max_samples": 3000, "warmup": 50},
-        "xproc": {
-            "rounds": 1, "procs": 11, "hold": 0.001, "think": 0.001,
-            "duration": 1.2, "max_events": 3000, "grace": 0.5,
-        },
         "spread": {"rounds": 1, "tasks": 1000, "names": 1000, "warmup": 0.3, "duration": 0.8,
                    "grace": 0.0},
-        "watchdog": {"locks": 10000, "lease": 1.5, "duration": 3.0},
         "failover": {"lease": 5.0, "timeout": 10.0},
     },
 }  # fmt: skip
@@ -97,13 +92,8 @@ QUICK: dict[str, Any] = {
         "loops": ["asyncio"], "peer_loops": ["asyncio"],
         "floor": {"duration": 0.1, "max_samples": 300},
         "uncontended": {"rounds": 1, "duration": 0.1, "max_samples": 300, "warmup": 5},
-        "xproc": {
-            "rounds": 1, "procs": 3, "hold": 0.001, "think": 0.001,
-            "duration": 0.2, "max_events": 200, "grace": 0.5,
-        },
         "spread": {"rounds": 1, "tasks": 20, "names": 20, "warmup": 0.05, "duration": 0.2,
                    "grace": 0.5},
-        "watchdog": {"locks": 50, "lease": 0.6, "duration": 0.5},
         "failover": {"lease": 5.0, "timeout": 8.0},
     },
 }  # fmt: skip
@@ -423,7 +413,7 @@ async def execute(args: argparse.Namespace, cfg: dict[str, Any], logdir: Path) -
     uses_xproc = "handoff" in scenarios or "throughput" in scenarios
     helpers = cfg["xproc"]["procs"] if uses_xproc else 0
     if "cluster" in scenarios:
-        helpers = max(helpers, cfg["cluster"]["xproc"]["procs"])
+        helpers = max(helpers, cfg["xproc"]["procs"])
     clusters: dict[str, Any] = {}
     try:
         if "cluster" in scenarios:
@@ -522,9 +512,9 @@ async def execute(args: argparse.Namespace, cfg: dict[str, Any], logdir: Path) -
                 record("watchdog", f"{c['locks']} locks", "aiolock", loop, 0, res)
 
         if "cluster" in scenarios and clusters:
-            await _cluster_section.run_section(
-                orch, cfg["cluster"], libs, loops, clusters, key, record
-            )
+            # The cross-process handoff and the watchdog as in the standalone section.
+            c = {**cfg["cluster"], "xproc": cfg["xproc"], "watchdog": cfg["watchdog"]}
+            await _cluster_section.run_section(orch, c, libs, loops, clusters, key, record)
     finally:
         await orch.close()
         server.cleanup()
