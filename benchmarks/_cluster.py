@@ -166,6 +166,9 @@ class LocalCluster:
     def _live(self) -> list[Server]:
         return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
 
+    def node_urls(self) -> list[str]:
+        return [n.url for n in self._live()]
+
     def master_urls(self) -> list[str]:
         """The nodes that serve slots now (asked of a live node)."""
         with _node_client(self._live()[0].port) as c:
@@ -252,10 +255,17 @@ def _all_ok(clients: list[redis.Redis], slot: int, dead_port: int) -> bool:
 class ClusterAdmin:
     """The admin calls the harness makes, over the masters of a cluster (see the module doc)."""
 
-    def __init__(self, urls: list[str]) -> None:
-        self.clients = [
-            redis.Redis.from_url(u, client_name=ADMIN_NAME, socket_timeout=30) for u in urls
-        ]
+    def __init__(self, urls: list[str], node_urls: list[str] | None = None) -> None:
+        def connect(u: str) -> redis.Redis:
+            return redis.Redis.from_url(u, client_name=ADMIN_NAME, socket_timeout=30)
+
+        self.clients = [connect(u) for u in urls]
+        #: Every node (replicas too), for the CPU the whole cluster used.
+        self.everyone = [connect(u) for u in node_urls or urls]
+
+    def cpu_seconds(self) -> float:
+        infos = [c.info("cpu") for c in self.everyone]
+        return sum(float(i["used_cpu_sys"]) + float(i["used_cpu_user"]) for i in infos)
 
     def ping(self) -> bool:
         return all(c.ping() for c in self.clients)
@@ -288,5 +298,5 @@ class ClusterAdmin:
         return [ch for c in self.clients for ch in c.execute_command("PUBSUB", "SHARDCHANNELS")]
 
     def close(self) -> None:
-        for c in self.clients:
+        for c in [*self.clients, *self.everyone]:
             c.close()

@@ -95,7 +95,7 @@ async def run_section(
 
     targets = [orch.standalone]
     for kind, cluster in clusters.items():
-        target = Target(kind, cluster.url, cluster.master_urls())
+        target = Target(kind, cluster.url, cluster.master_urls(), cluster.node_urls())
         orch.targets.append(target)
         targets.append(target)
     cl_libs = [lib for lib in libs if lib in _libs.CLUSTER_LIBS]

@@ -143,6 +143,7 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
             tokens_checked = 0
             cancelled = 0
             conns: list[Any] = []
+            client_cpu = server_cpu = 0.0
             for procs in results:
                 counts = [c for r in procs for c in r["counts"]]
                 elapsed = procs[0]["elapsed_s"]
@@ -160,6 +161,8 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
                 tokens_checked += sum(r["tokens_checked"] for r in procs)
                 cancelled += sum(r["cancelled"] for r in procs)
                 conns.append(procs[0].get("connections"))
+                client_cpu += sum(r.get("client_cpu_s", math.nan) for r in procs)
+                server_cpu += procs[0].get("server_cpu_s") or math.nan
             entry = {
                 "acq_per_s": statistics.median(rates),
                 "rounds": rates,
@@ -168,6 +171,10 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
                 "tokens_increasing": tokens_ok if tokens_checked else None,
                 "cancelled_at_end": cancelled,
                 "connections": conns[-1],
+                # CPU time in the measured window per acquisition: the library's processes,
+                # and the server's (a cluster's: every node's, replicas too).
+                "client_cpu_us_per_acq": _div(client_cpu * 1e6, total_acq),
+                "server_cpu_us_per_acq": _div(server_cpu * 1e6, total_acq),
             } | worst
             entry |= per_acquisition(lib, merge_stats(stats_list), total_acq)
             s["throughput"].setdefault(variant, {}).setdefault(lib, {})[loop] = entry

@@ -69,6 +69,14 @@ def read_stats(admin: redis.Redis) -> dict[str, int]:
     return out
 
 
+def server_cpu(admin: Any) -> float:
+    """CPU seconds the server used so far (a cluster's: every node's, replicas too)."""
+    if hasattr(admin, "cpu_seconds"):
+        return float(admin.cpu_seconds())
+    info = admin.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
 def us(ns: list[int]) -> list[float]:
     return [round(x / 1000, 2) for x in ns]
 
@@ -387,12 +395,16 @@ async def throughput(
         await sleep_until(w_start)
         if leader:
             reset_stats(admin)
+            cpu0 = server_cpu(admin)
         stats["t0"] = now()
+        client0 = time.process_time()
         state["open"] = True
         await asyncio.sleep(p["duration"])
         state["open"] = False
         stats["t1"] = now()
+        stats["client_cpu_s"] = time.process_time() - client0
         if leader:
+            stats["server_cpu_s"] = server_cpu(admin) - cpu0
             stats["cmdstats"] = read_stats(admin)
             stats["connections"] = connection_counts(admin, lib.conn_prefix)
 
@@ -412,6 +424,8 @@ async def throughput(
         "cancelled": cancelled,
         "cmdstats": stats.get("cmdstats", {}),
         "connections": stats.get("connections"),
+        "client_cpu_s": stats["client_cpu_s"],
+        "server_cpu_s": stats.get("server_cpu_s"),
     }
 
 
@@ -700,25 +714,38 @@ async def failover(url: str, p: dict[str, Any]) -> dict[str, Any]:
 async def cluster_watchdog(url: str, p: dict[str, Any]) -> dict[str, Any]:
     """The hook for ``benchmarks/cluster_watchdog.py`` (issue 11, item 4), written apart.
 
-    Expected there: ``async def measure(url: str, *, locks: int, lease: float,
-    duration: float) -> dict`` on a cluster seed URL, returning at least
-    ``calls_per_interval``, ``lag_p99_ms`` and ``lost``. Until it exists the
-    result says so and the report marks these figures "not measured".
+    Called there: the first of ``measure``, ``run``, ``cluster_watchdog``,
+    ``main`` that exists, with those of ``url`` (a cluster seed), ``locks``,
+    ``lease``, ``duration`` it takes; a coroutine function is awaited, a plain
+    one runs in a thread. It returns a dict; the report reads
+    ``calls_per_interval``, ``lag_p99_ms``, ``lost`` and ``locks`` from it and
+    shows every other number as is. Until the module exists the result says so
+    and the report marks the figures "not measured".
     """
+    import inspect
+
     try:
         import benchmarks.cluster_watchdog as module  # type: ignore[import-not-found,unused-ignore]
     except ModuleNotFoundError as exc:
-        send_ready()
-        wait_go()
         if exc.name != "benchmarks.cluster_watchdog":
             raise  # it is there, but something it imports is not
+        send_ready()
+        wait_go()
         return {"skipped": "benchmarks/cluster_watchdog.py is not there yet"}
+    names = ("measure", "run", "cluster_watchdog", "main")
+    fn = next((getattr(module, n) for n in names if callable(getattr(module, n, None))), None)
+    if fn is None:
+        raise RuntimeError(f"benchmarks/cluster_watchdog.py has none of {names}")
+    given = {"url": url, "locks": p["locks"], "lease": p["lease"], "duration": p["duration"]}
+    accepted = inspect.signature(fn).parameters
+    kwargs = {k: v for k, v in given.items() if k in accepted}
     send_ready()
     wait_go()
-    result: dict[str, Any] = await module.measure(
-        url, locks=p["locks"], lease=p["lease"], duration=p["duration"]
-    )
-    return result
+    if inspect.iscoroutinefunction(fn):
+        result = await fn(**kwargs)
+    else:
+        result = await asyncio.to_thread(fn, **kwargs)
+    return dict(result)
 
 
 # --------------------------------------------------------------------------- driver
@@ -762,7 +789,7 @@ def make_admin(spec: dict[str, Any]) -> Any:
     if spec.get("admin_urls"):
         from benchmarks._cluster import ClusterAdmin
 
-        return ClusterAdmin(spec["admin_urls"])
+        return ClusterAdmin(spec["admin_urls"], spec.get("node_urls"))
     return admin_client(spec["url"])
 
 

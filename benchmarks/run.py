@@ -222,14 +222,26 @@ class Worker:
 class Target:
     """Where a cell runs: the standalone server, or a cluster (its seed URL and masters)."""
 
-    def __init__(self, name: str, url: str, admin_urls: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        admin_urls: list[str] | None = None,
+        node_urls: list[str] | None = None,
+    ) -> None:
         self.name = name
         self.url = url
         self.admin_urls = admin_urls
+        self.node_urls = node_urls
         self.admin: Any = ClusterAdmin(admin_urls) if admin_urls else admin_client(url)
 
     def spec(self) -> dict[str, Any]:
-        return {"url": self.url, "admin_urls": self.admin_urls, "cluster": bool(self.admin_urls)}
+        return {
+            "url": self.url,
+            "admin_urls": self.admin_urls,
+            "node_urls": self.node_urls,
+            "cluster": bool(self.admin_urls),
+        }
 
 
 class Orchestrator:
