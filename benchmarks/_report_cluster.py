@@ -171,8 +171,8 @@ def markdown(s: dict[str, Any]) -> list[str]:
         add(f"- **{TITLES.get(kind, kind)}: not run:** {reason}")
     add("- Each cell ran on the standalone server and on every cluster, interleaved in rounds "
         "(order rotating): the standalone figures here are this section's own, measured beside "
-        "the cluster ones. Requests are counted on every master (`INFO commandstats`, summed). "
-        "On a cluster aiolock is `Client.from_url(<a node>, cluster=True)`; redis-py's Lock "
+        "the cluster ones. Requests are counted on every master (`INFO commandstats`, summed), "
+        "CPU on every node (`INFO cpu`, replicas too). On a cluster aiolock is `Client.from_url(<a node>, cluster=True)`; redis-py's Lock "
         "(the one peer that supports a cluster) is `RedisCluster.from_url(<a node>, "
         "max_connections=tasks + 16).lock(...)`, the others are not run there. The cross-process "
         "handoff's ratio is to the PING of a cluster node (the 'floor' rows).\n")  # fmt: skip
