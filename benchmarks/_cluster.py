@@ -80,8 +80,13 @@ def _node_client(port: int, timeout: float = 5.0) -> redis.Redis:
     )  # fmt: skip
 
 
+def _cmd(r: redis.Redis, *args: Any) -> Any:
+    """``execute_command`` (untyped in redis-py)."""
+    return r.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
 def _cluster_info(r: redis.Redis) -> dict[str, str]:
-    text = str(r.execute_command("CLUSTER", "INFO"))
+    text = str(_cmd(r, "CLUSTER", "INFO"))
     return dict(line.split(":", 1) for line in text.split() if ":" in line)
 
 
@@ -121,22 +126,20 @@ class LocalCluster:
         try:
             info = clients[0].info("server")
             self.version = str(info.get("valkey_version") or info.get("redis_version", "?"))
-            ids = [str(c.execute_command("CLUSTER", "MYID")) for c in clients]
+            ids = [str(_cmd(c, "CLUSTER", "MYID")) for c in clients]
             for epoch, c in enumerate(clients, start=1):
-                c.execute_command("CLUSTER", "SET-CONFIG-EPOCH", epoch)
+                _cmd(c, "CLUSTER", "SET-CONFIG-EPOCH", epoch)
             m = self.masters_count
             for i, c in enumerate(clients[:m]):
-                c.execute_command(
-                    "CLUSTER", "ADDSLOTSRANGE", i * SLOTS // m, (i + 1) * SLOTS // m - 1
-                )
+                _cmd(c, "CLUSTER", "ADDSLOTSRANGE", i * SLOTS // m, (i + 1) * SLOTS // m - 1)
             for node in self.nodes[1:]:
-                clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+                _cmd(clients[0], "CLUSTER", "MEET", "127.0.0.1", node.port)
             # A replica can only be told its master once it knows that node.
             deadline = time.monotonic() + READY_TIMEOUT
             for i, c in enumerate(clients[m:]):
                 while True:
                     try:
-                        c.execute_command("CLUSTER", "REPLICATE", ids[i % m])
+                        _cmd(c, "CLUSTER", "REPLICATE", ids[i % m])
                         break
                     except redis.ResponseError:
                         if time.monotonic() > deadline:
@@ -153,7 +156,7 @@ class LocalCluster:
     def _ready(self, c: redis.Redis) -> bool:
         if _cluster_info(c).get("cluster_state") != "ok":
             return False
-        nodes = str(c.execute_command("CLUSTER", "NODES")).splitlines()
+        nodes = str(_cmd(c, "CLUSTER", "NODES")).splitlines()
         if len(nodes) != len(self.nodes) or any("fail" in ln.split()[2] for ln in nodes):
             return False
         info = c.info("replication")
@@ -172,7 +175,7 @@ class LocalCluster:
     def master_urls(self) -> list[str]:
         """The nodes that serve slots now (asked of a live node)."""
         with _node_client(self._live()[0].port) as c:
-            slots = c.execute_command("CLUSTER", "SLOTS")
+            slots = _cmd(c, "CLUSTER", "SLOTS")
         ports = sorted({int(entry[2][1]) for entry in slots})
         return [f"redis://127.0.0.1:{p}/0" for p in ports]
 
@@ -180,7 +183,7 @@ class LocalCluster:
         """The node serving the slot of ``name_key``."""
         slot = key_slot(name_key.encode())
         with _node_client(self._live()[0].port) as c:
-            for lo, hi, master, *_ in c.execute_command("CLUSTER", "SLOTS"):
+            for lo, hi, master, *_ in _cmd(c, "CLUSTER", "SLOTS"):
                 if lo <= slot <= hi:
                     return next(n for n in self.nodes if n.port == int(master[1]))
         raise KeyError(slot)
@@ -242,7 +245,7 @@ def _all_ok(clients: list[redis.Redis], slot: int, dead_port: int) -> bool:
             if _cluster_info(c).get("cluster_state") != "ok":
                 return False
             owner = next(
-                (m for lo, hi, m, *_ in c.execute_command("CLUSTER", "SLOTS") if lo <= slot <= hi),
+                (m for lo, hi, m, *_ in _cmd(c, "CLUSTER", "SLOTS") if lo <= slot <= hi),
                 None,
             )
             if owner is None or int(owner[1]) == dead_port:
@@ -295,7 +298,7 @@ class ClusterAdmin:
         return sum(int(c.dbsize()) for c in self.clients)
 
     def pubsub_channels(self) -> list[Any]:
-        return [ch for c in self.clients for ch in c.execute_command("PUBSUB", "SHARDCHANNELS")]
+        return [ch for c in self.clients for ch in _cmd(c, "PUBSUB", "SHARDCHANNELS")]
 
     def close(self) -> None:
         for c in [*self.clients, *self.everyone]:

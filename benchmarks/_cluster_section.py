@@ -165,7 +165,7 @@ async def run_section(
 def _names_on(cluster: LocalCluster, base: str, count: int) -> list[str]:
     """``count`` lock names whose slots one master serves (aiolock's ``bench:{name}`` keys)."""
     owner = cluster.master_of(f"bench:{{{base}:0}}")
-    names = []
+    names: list[str] = []
     i = 0
     while len(names) < count:
         name = f"{base}:{i}"

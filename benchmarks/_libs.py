@@ -188,6 +188,7 @@ class RedisPyLib:
 
         self.lease = lease
         self.pool: Any = None
+        self.redis: Any
         if cluster:  # a pool per node, made by the cluster client itself
             self.redis = aioredis.RedisCluster.from_url(url, max_connections=tasks + POOL_HEADROOM)
             await self.redis.initialize()
