@@ -682,7 +682,7 @@ async def failover(url: str, p: dict[str, Any]) -> dict[str, Any]:
             await lease.release()
         send_ready()
         killed_ns = wait_go()
-        out: dict[str, Any] = {"errors": {}}
+        out: dict[str, Any] = {"errors": {}, "timeout": p["timeout"]}
 
         async def waiter() -> None:
             try:
