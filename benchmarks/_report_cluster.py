@@ -283,8 +283,8 @@ def markdown(s: dict[str, Any]) -> list[str]:
         "both (warm connections and slot map). From the kill on: the cluster's own failover time is "
         "the first plain `SET` on that slot that a live node accepts (no `MOVED`, no `CLUSTERDOWN`; "
         "polled every 5 ms), and 'state ok' when every live node says `cluster_state:ok` with the "
-        "slot on a live master. aiolock: one `acquire()` started at the kill (timeout "
-        "as configured), and a caller calling `acquire(timeout=0.25)` again after every error.\n")  # fmt: skip
+        "slot on a live master. aiolock: one `acquire()` started at the kill (its "
+        "timeout shown when it never acquired), and a caller calling `acquire(timeout=0.25)` again after every error.\n")  # fmt: skip
     if not s["failover"]:
         add("Not run.\n")
         return L
@@ -294,9 +294,10 @@ def markdown(s: dict[str, Any]) -> list[str]:
     add("|---|---|---|---|---|---|---|---|---|")
     for kind, fo in s["failover"].items():
         errors = ", ".join(f"{k} x{v}" for k, v in fo.get("errors", {}).items()) or "none"
-        waiter = _f(fo.get("waiter_s"), ".2f") + " s" if fo.get("waiter_s") is not None else "never"
-        retrier = (
-            _f(fo.get("retrier_s"), ".2f") + " s" if fo.get("retrier_s") is not None else "never"
+        never = f"not within {fo.get('timeout', '?')} s"
+        waiter, retrier = (
+            f"{fo[f'{who}_s']:.2f} s" if fo.get(f"{who}_s") is not None else never
+            for who in ("waiter", "retrier")
         )
         add(f"| {TITLES.get(kind, kind)} | {fo['loop']} | {fo.get('killed_port')} | {fo.get('slot')} | "
             f"{_f(fo.get('write_ok_s'), '.2f')} s | {_f(fo.get('state_ok_s'), '.2f')} s | "
