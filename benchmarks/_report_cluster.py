@@ -122,7 +122,7 @@ def _targets(s: dict[str, Any], loops: list[str]) -> list[dict[str, Any]]:
             else:
                 lag = w.get("lag_p99_ms", math.nan)
                 out.append(_t(f"{title}: watchdog event loop lag p99 (ms), {w.get('locks', '?'):,} locks", loop,
-                              lag, LAG_P99_MS, "<", f"{lag:.2f} ms ({_f(w.get('calls_per_interval'), '.1f')} calls / interval)"))  # fmt: skip
+                              lag, LAG_P99_MS, "<", f"{lag:.2f} ms ({_f(w.get('renewal_calls_per_interval', w.get('calls_per_interval')), '.1f')} renewal calls / interval)"))  # fmt: skip
                 lost = w.get("lost")
                 out.append(_t(f"{title}: watchdog leases lost", loop,
                               None if lost is None else float(lost), 0, "==", str(lost)))  # fmt: skip
