@@ -719,8 +719,9 @@ async def cluster_watchdog(url: str, p: dict[str, Any]) -> dict[str, Any]:
     ``lease``, ``duration`` it takes; a coroutine function is awaited, a plain
     one runs in a thread. It returns a dict; the report reads
     ``renewal_calls_per_interval`` (or ``calls_per_interval``), ``lag_p99_ms``,
-    ``lost`` and ``locks`` from it and shows every other number as is. Until the module exists the result says so
-    and the report marks the figures "not measured".
+    ``lost`` and ``locks`` from it and shows every other number as is. Until
+    the module exists the result says so and the report marks the figures
+    "not measured".
     """
     import inspect
 
