@@ -428,12 +428,6 @@ async def execute(args: argparse.Namespace, cfg: dict[str, Any], logdir: Path) -
         helpers = max(helpers, cfg["xproc"]["procs"])
     clusters: dict[str, Any] = {}
     try:
-        if "cluster" in scenarios:
-            # Up front, so that their start-up does not overlap the measurements.
-            kinds = [k for k in args.cluster_servers if k in _cluster_section.KINDS]
-            clusters, raw["meta"]["clusters"], raw["meta"]["clusters_skipped"] = (
-                _cluster_section.start_clusters(kinds, args.server, log)
-            )
         await orch.warm(libs, helpers)
         key = f"r{time.monotonic_ns()}"
 
@@ -523,7 +517,14 @@ async def execute(args: argparse.Namespace, cfg: dict[str, Any], logdir: Path) -
                 )
                 record("watchdog", f"{c['locks']} locks", "aiolock", loop, 0, res)
 
-        if "cluster" in scenarios and clusters:
+        if "cluster" in scenarios:
+            # Started now (between cells, nothing runs meanwhile): their nodes are
+            # not there while the standalone sections run.
+            kinds = [k for k in args.cluster_servers if k in _cluster_section.KINDS]
+            clusters, raw["meta"]["clusters"], raw["meta"]["clusters_skipped"] = (
+                _cluster_section.start_clusters(kinds, args.server, log)
+            )
+        if clusters:
             # The cross-process handoff and the watchdog as in the standalone section.
             c = {**cfg["cluster"], "xproc": cfg["xproc"], "watchdog": cfg["watchdog"]}
             await _cluster_section.run_section(orch, c, libs, loops, clusters, key, record)
