@@ -152,7 +152,7 @@ async def test_reversed_orders_never_deadlock(make: MakeClient, cluster: Cluster
     (bounded by the lease), and no name is ever held twice at once."""
     c1, c2 = await make(), await make()
     a, b, c = (name for name, _ in names_on_masters(cluster))
-    inside: dict[str, bool] = {a: False, b: False, c: False}
+    inside: dict[str, bool] = {a: False, b: False, c: False, "g}a": False, "g}b": False}
     rounds = 12
 
     async def run(client: Client, order: list[str]) -> None:
@@ -180,6 +180,9 @@ async def test_reversed_orders_never_deadlock(make: MakeClient, cluster: Cluster
             run(c2, [c, b, a]),
             run(c1, [c, a]),
             run(c2, [b, a]),
+            # One-slot parts (one script each), waited for in the global order.
+            run(c1, [c, "g}a", "g}b"]),
+            run(c2, ["g}b", a, "g}a"]),
             plain(c2, b),
         )
     await assert_clean(c1, c2)
@@ -383,3 +386,26 @@ async def test_a_master_killed_mid_way(fresh_cluster: ClusterProcess) -> None:
             assert await other.lock(name).is_locked()
         await lease.release()
         assert await none_locked(other, names)
+
+
+async def test_standalone_and_cluster_locks_in_one_multi_lock(
+    make: MakeClient, url: str, cluster: ClusterProcess
+) -> None:
+    """Locks of a standalone Client (taken first, by one script) and of a
+    cluster Client (a part per slot) in one all-or-nothing multi-lock."""
+    clustered, other = await make(), await make()
+    async with Client.from_url(url, prefix=PREFIX, lease=LEASE) as single:
+        names = [name for name, _ in names_on_masters(cluster)]
+        locks = [clustered.lock(n) for n in names] + [single.lock("s1"), single.lock("s2")]
+        multi = clustered.multi_lock(*locks)
+        lease = await multi.acquire()
+        assert await single.lock("s1").is_locked() and await single.lock("s2").is_locked()
+        for name in names:
+            assert await other.lock(name).is_locked()
+        await lease.release()
+        held = await other.lock(names[2]).acquire()
+        assert await multi.try_acquire() is None
+        assert not await single.lock("s1").is_locked()
+        assert await none_locked(other, names[:2])
+        await held.release()
+        await assert_clean(clustered, other, single)
