@@ -14,7 +14,7 @@ from aiolock import Client, ConnectionFailedError, LockTimeoutError
 from aiolock._primitives.lock import AsyncLock, LocalQueue
 from aiolock._primitives.multi import MultiLease, MultiLock
 from tests.cluster_servers import ClusterNode, ClusterProcess
-from tests.core_util import assert_clean, eventually
+from tests.core_util import assert_clean, evalsha_calls, eventually
 
 #: Renewed every 1.5 s: a hold survives 3 s of scheduling stall on a loaded machine.
 LEASE = 4.5
@@ -78,8 +78,12 @@ async def test_parts_on_three_masters(make: MakeClient, cluster: ClusterProcess)
     assert len({m.node_id for _, m in parts}) == 3
     multi = client.multi_lock(*(client.lock(n) for n in names))
     assert isinstance(multi, MultiLock)
+    for _, master in parts:
+        master.execute("CONFIG", "RESETSTAT")
     lease = await multi.acquire()
     assert isinstance(lease, MultiLease)
+    for name, master in parts:  # one script per part, on the part's own master
+        assert evalsha_calls(master) == 1, name
     for name, master in parts:
         assert master.execute("EXISTS", key(name)) == 1, f"{name} held on its own master"
         assert await other.lock(name).is_locked()
