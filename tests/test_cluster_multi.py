@@ -374,7 +374,7 @@ async def test_a_master_killed_mid_way(fresh_cluster: ClusterProcess) -> None:
         assert not held_here(client, names[0]) and not held_here(client, names[2])
         assert await none_locked(other, [names[0], names[2]])
 
-        task = asyncio.create_task(multi.acquire(timeout=3 * LEASE))
+        task = asyncio.create_task(multi.acquire(timeout=2 * LEASE))
         alone = await other.lock(names[0]).acquire(timeout=LEASE)
         assert not task.done()
         await alone.release()
