@@ -56,3 +56,31 @@ def test_every_example_is_linked_and_exists() -> None:
     linked = set(re.findall(r"\(examples/(\w+\.py)\)", section("Examples")))
     present = {p.name for p in (ROOT / "examples").glob("*.py")}
     assert linked == present
+
+
+def test_the_cluster_section_states_what_the_code_does() -> None:
+    from aiolock._core.cluster import MAX_REDIRECTS, MIN_VERSION
+
+    text = section("Cluster")
+    assert f"at most {MAX_REDIRECTS} times" in text
+    assert MIN_VERSION == (7, 0) and "Redis 7.0 or newer, or Valkey 7.2 or newer" in text
+    assert "+@all -@dangerous +info" in text
+    assert "aiolock demo --cluster" in text
+
+
+def test_the_cluster_example_runs_as_written(cluster_url: str, tmp_path: Path) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", section("Cluster"), re.S)
+    assert len(blocks) == 1
+    script = tmp_path / "cluster_example.py"
+    script.write_text(blocks[0])
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        env={**os.environ, "REDIS_URL": cluster_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^held, fencing token \d+$", proc.stdout, re.M), proc.stdout
+    assert "one of 4 permits held" in proc.stdout, proc.stdout
