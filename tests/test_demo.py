@@ -152,6 +152,13 @@ def test_demo_runs_its_checks_on_an_embedded_cluster() -> None:
     assert all(ping("127.0.0.1", p) is None for p in ports), "a cluster node is still running"
 
 
+def test_demo_cluster_starts_its_own() -> None:
+    proc = aiolock_cmd("demo", "--cluster", "--url", "redis://127.0.0.1:1/0", *TINY)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "--cluster starts its own cluster: drop --url and --embedded" in out, out
+
+
 def test_demo_says_how_to_get_a_server_when_there_is_none() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL",)}
     env["PATH"] = str(Path(sys.executable).parent)
@@ -170,7 +177,15 @@ def test_console_script_and_help() -> None:
         [str(script), "demo", "--help"], capture_output=True, text=True, timeout=30, check=False
     )
     assert proc.returncode == 0, proc.stderr
-    for flag in ("--url", "--processes", "--tasks", "--locks", "--duration", "--uvloop"):
+    for flag in (
+        "--url",
+        "--processes",
+        "--tasks",
+        "--locks",
+        "--duration",
+        "--uvloop",
+        "--cluster",
+    ):
         assert flag in proc.stdout
 
 

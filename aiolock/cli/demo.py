@@ -15,6 +15,12 @@ At the end the parent process checks the records against Redis:
   happened, and against the last token written to Redis under the lock;
 * and that no lease was lost and nothing was left behind.
 
+On a cluster (``--cluster`` starts a local one; a ``--url`` of a cluster
+node is found out) the same runs unchanged: the workers' Clients are made
+with ``Client.from_url(seed)`` and switch to cluster mode by themselves; the
+demo's own clients are ``RedisCluster`` ones, and its data keys carry the
+lock's hash tag, so a lock's data lives in the lock's slot.
+
 Timestamps are ``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every
 process on a machine, so holds of different processes can be compared (the
 demo's processes all run here). *Handoff latency* is the time from the
