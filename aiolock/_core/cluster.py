@@ -170,7 +170,13 @@ class Topology:
         try:
             # Bounded: a paused seed node would hold redis-py's discovery for ever.
             async with asyncio.timeout(self.timeout):
-                await manager.initialize()
+                if self.refreshes == 0:
+                    # The public initialize() (a no-op if the user's client ran it):
+                    # it also marks the client initialized, so that its
+                    # aclose() closes the node connections discovery opened.
+                    await self._cluster.initialize()
+                else:
+                    await manager.initialize()
         except Exception as exc:  # redis-py's RedisClusterException is no RedisError
             log.warning("aiolock: could not refresh the cluster's slot map: %r", exc)
             raise ConnectionFailedError(
