@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import math
 import multiprocessing
@@ -416,11 +417,6 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 
 
 def _run_on(args: argparse.Namespace, resolved: Resolved, out: TextIO) -> int:
-    try:
-        cluster = is_cluster(resolved.url)
-    except redis.RedisError as exc:
-        _say(out, f"aiolock demo: cannot reach the server: {exc}")
-        return 2
     cfg = Config(
         url=resolved.url,
         prefix=f"aiolock-demo-{secrets.token_hex(4)}",
@@ -430,7 +426,6 @@ def _run_on(args: argparse.Namespace, resolved: Resolved, out: TextIO) -> int:
         duration=args.duration,
         uvloop=args.uvloop,
         use_lock=args.use_lock,
-        cluster=cluster,
     )
     loop_name = "uvloop" if cfg.uvloop else "asyncio"
     header = (
@@ -440,10 +435,16 @@ def _run_on(args: argparse.Namespace, resolved: Resolved, out: TextIO) -> int:
     _say(out, header)
     _say(out, f"server: {resolved.how}")
     try:
+        cfg = dataclasses.replace(cfg, cluster=is_cluster(cfg.url))
         admin = make_admin(cfg)
-        admin.ping()
     except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
         _say(out, f"aiolock demo: cannot reach the server: {exc}")
+        return 2
+    try:
+        admin.ping()
+    except redis.RedisError as exc:
+        _say(out, f"aiolock demo: cannot reach the server: {exc}")
+        admin.close()
         return 2
     if cfg.cluster:
         _say(
