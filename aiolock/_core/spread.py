@@ -14,9 +14,11 @@ moved, or is migrating and the key has left) fails the whole call ("non
 local key"), so a key never reads as gone because of where it is. Then
 (``slot_trouble``) the batch is split, and no hold is lost for it:
 
-1. the slot map is refreshed and the items regrouped by node, one node-form
-   call each (a failover or a finished migration: one call more per node);
-2. a part refused again is cut in halves at slot boundaries, each half one
+1. if it met MOVED (the map is stale: a failover, a finished migration),
+   the slot map is refreshed and the items regrouped by node, one node-form
+   call each (one call more per node); else (a migration under way: the
+   map is right) straight to 2;
+2. a part refused (again) is cut in halves at slot boundaries, each half one
    node-form call, down to a single slot;
 3. a single slot's items go in one call with their keys declared, straight
    to its node (Redis then answers TRYAGAIN if a migration split the slot's
@@ -89,7 +91,7 @@ class _Spread:
     """One spread renewal (see the module docstring); the split parts are
     lists of indices into ``items``, their results put in ``results``."""
 
-    __slots__ = ("engine", "items", "ms", "mux", "results", "script")
+    __slots__ = ("engine", "items", "ms", "mux", "results", "script", "stale")
 
     def __init__(self, engine: SpreadEngine, script: str, items: Sequence[Any], ms: int) -> None:
         self.engine = engine
@@ -100,6 +102,8 @@ class _Spread:
         assert isinstance(mux, ClusterMux) and engine.topology is not None
         self.mux = mux
         self.results: list[Any] = []
+        #: A node-form call met MOVED: the slot map is stale.
+        self.stale = False
 
     async def run(self) -> list[Any]:
         items = self.items
@@ -108,14 +112,23 @@ class _Spread:
             return reply
         topology = self.engine.topology
         assert topology is not None
+        self.results = [None] * len(items)
+        whole = list(range(len(items)))
+        if not self.stale:
+            # A migration under way (ASK, TRYAGAIN, a key gone from a slot):
+            # the map is right, split now. (A finished one shows at the end
+            # of the split: the renewal lane follows MOVED for a key and
+            # corrects the map.)
+            await self._split(whole)
+            return self.results
+        # MOVED: the map is stale (a failover, a finished migration).
         try:
             await topology.refresh()
         except Exception as exc:
             return [exc] * len(items)
-        self.results = [None] * len(items)
         by_node: dict[Hashable, list[int]] = {}
-        for i, item in enumerate(items):
-            by_node.setdefault(self.engine.shard(item.renew_key), []).append(i)
+        for i in whole:
+            by_node.setdefault(self.engine.shard(items[i].renew_key), []).append(i)
         await asyncio.gather(*(self._regrouped(part) for part in by_node.values()))
         return self.results
 
@@ -129,6 +142,10 @@ class _Spread:
         if reply is not None:
             self._put(part, reply)
             return
+        await self._split(part)
+
+    async def _split(self, part: list[int]) -> None:
+        """The items ``part``, by slot, in halves (see ``_halves``)."""
         runs: dict[int, list[int]] = {}
         for i in part:
             runs.setdefault(slot_of(self.items[i].renew_key), []).append(i)
@@ -170,6 +187,7 @@ class _Spread:
             )
         except Exception as exc:
             if slot_trouble(exc):
+                self.stale = self.stale or getattr(exc, "code", None) == "MOVED"
                 return None
             assert engine.topology is not None
             engine.topology.refresh_soon()  # the node may be gone for good (a failover)
