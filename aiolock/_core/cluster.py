@@ -25,10 +25,18 @@ re-sending is safe for each since the script did not run:
   exponential backoff, the map refreshed meanwhile;
 * ``NOSCRIPT``: the script cache is per node and not replicated (a promoted
   replica, a slot's new owner, a restarted node lack aiolock's scripts):
-  loaded on that node and the command re-sent once.
+  loaded on that node and the command re-sent once;
+* a connection to the slot's master that cannot be opened (refused, timed
+  out: the node died, a failover is under way): the command was never
+  written, so it is re-sent like CLUSTERDOWN, the map re-read meanwhile; it
+  reaches the promoted replica within ``RESEND_CAP`` of the cluster's
+  failover (no reconnect backoff towards a dead node).
 
-All of it is bounded: at most ``MAX_REDIRECTS`` redirections and at most
-``command_timeout`` seconds of backoff; then the caller gets the last error
+All of it is bounded: at most ``MAX_REDIRECTS`` redirections in a row
+(MOVED, ASK) and at most ``command_timeout`` seconds of backoff (TRYAGAIN,
+CLUSTERDOWN, an unreachable master; e.g. mid-migration a script whose keys
+are only partly on the importing node gets ASK then TRYAGAIN from Redis
+until the migration ends: it waits that out); then the caller gets the last error
 as a ``ServerUnavailableError`` (the command did not run: acquires and
 releases ride it out as they ride out an outage). A lost connection is not
 re-sent: the script may have run. It fails like a single connection's (the
@@ -49,7 +57,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, ResponseError
 
-from .connection import CommandConnection, Orphan
+from .connection import CommandConnection, NotSent, Orphan
 from .errors import (
     ClientClosedError,
     ConnectionFailedError,
@@ -75,6 +83,9 @@ log = logging.getLogger("aiolock")
 MAX_REDIRECTS = 16
 #: The oldest server a cluster-mode Client runs on (Valkey 7.2 reports 7.2.x).
 MIN_VERSION = (7, 0)
+#: The longest pause before re-sending a command that did not run (CLUSTERDOWN,
+#: TRYAGAIN, an unreachable master): a failover is noticed this soon after it ends.
+RESEND_CAP = 0.25
 _REDIRECT = re.compile(r"\b(MOVED|ASK) (\d+) (\S+):(\d+)")
 _EVAL = (b"EVALSHA", b"EVAL")
 
@@ -360,6 +371,15 @@ class _Command:
             conn.send(b"SCRIPT", b"LOAD", source, callback=_ignore)
             conn.send(*self._args, callback=lambda r, e: self._reply(name, r, e))
             return
+        if isinstance(error.__cause__, NotSent):
+            # The node could not be reached, so the command was never written:
+            # re-sending is safe. The node may be gone for good (a failover in
+            # progress): re-read the map and re-send to the slot's master then,
+            # polling until the cluster has promoted a replica (not counted as
+            # a redirection: bounded by command_timeout only).
+            mux.topology.refresh_soon()
+            self._later(error)
+            return
         code = getattr(error, "code", "")
         if code not in ("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"):
             self._done(None, error)
@@ -390,10 +410,14 @@ class _Command:
         now = loop.time()
         if self._deadline == 0.0:
             self._deadline = now + self._mux._command_timeout
-        self._delay = min(max(self._delay * 2, 0.02), 0.5)
+        self._delay = min(max(self._delay * 2, 0.02), RESEND_CAP)
         if now + self._delay > self._deadline or self._mux._closed:
             self._done(None, error)
             return
+        # A wait bounded by the deadline: the redirections count starts again
+        # (mid-migration, a multi-key script some of whose keys are not on the
+        # target yet goes ASK -> TRYAGAIN -> ASK... until SETSLOT NODE).
+        self._tries = 0
         loop.call_later(self._delay, self.send)
 
 
@@ -406,10 +430,24 @@ def _ignore(reply: Any, error: BaseException | None) -> None:
 
 
 async def check_versions(mux: ClusterMux) -> None:
-    """Refuse a cluster of servers older than Redis 7.0 / Valkey 7.2 (no sharded pub/sub)."""
-    for name in mux.topology.masters():
-        conn = mux.connection(name)
-        info = await conn.call(b"INFO", b"server")
+    """Refuse a cluster of servers older than Redis 7.0 / Valkey 7.2 (no sharded pub/sub).
+
+    Asks every master at once. A master that cannot be reached is skipped (a
+    Client may start while one is dead and its replica not promoted yet: the
+    nodes of one cluster run one version); if none can be, its error is raised.
+    """
+    names = mux.topology.masters()
+    replies = await asyncio.gather(
+        *(mux.connection(name).call(b"INFO", b"server") for name in names),
+        return_exceptions=True,
+    )
+    if replies and all(isinstance(r, ConnectionFailedError) for r in replies):
+        raise replies[0]
+    for name, info in zip(names, replies, strict=True):
+        if isinstance(info, ConnectionFailedError):
+            continue
+        if isinstance(info, BaseException):
+            raise info
         text = info.decode() if isinstance(info, bytes) else str(info)
         match = re.search(r"^redis_version:(\d+)\.(\d+)", text, re.M)
         if match is None:
