@@ -279,6 +279,83 @@ async def test_a_hold_survives_a_sigkill_of_its_master(fresh_cluster: ClusterPro
         await waiter.aclose()
 
 
+BUSY = """
+local t = redis.call('TIME')
+local start = t[1] * 1000000 + t[2]
+repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start > tonumber(ARGV[1]) * 1000000
+return 1
+"""
+
+
+def cut_replication(replica: ClusterNode, seconds: float) -> float:
+    """Kill ``replica``'s link to its master and keep it busy for ``seconds``
+    (in one transaction: it cannot reconnect in between); the time it took."""
+    began = time.monotonic()
+    with replica.admin_client() as admin:
+        pipe = admin.pipeline(transaction=True)
+        pipe.execute_command("CLIENT", "KILL", "TYPE", "master")  # type: ignore[no-untyped-call]
+        pipe.eval(BUSY, 0, seconds)
+        pipe.execute()
+    return time.monotonic() - began
+
+
+async def test_the_replica_lost_the_last_write(fresh_cluster: ClusterProcess) -> None:
+    """Asynchronous replication: the replica is promoted without the hold (its
+    link to the master was cut just before the acquire). The holder is told
+    (LockLostError), and the next holder's fencing token is still higher,
+    although the fence counter's last write was lost with the hold: tokens
+    never fall below the server's clock in microseconds (scripts/_fence.lua),
+    and the failover took longer than the clocks of two nodes of one machine
+    disagree."""
+    cluster = fresh_cluster
+    victim = cluster.masters()[0]
+    replica = cluster.replica_of(victim)
+    name = names_on(cluster, victim, 1, "unreplicated")[0]
+    holder = Client.from_url(cluster.url, lease=LEASE)
+    other = Client.from_url(cluster.url, lease=LEASE)
+    loop = asyncio.get_running_loop()
+    try:
+        for client in (holder, other):
+            await (await client.lock(name).acquire()).release()
+        before = await other.lock(name).acquire()
+        await before.release()
+        # The replica drops its link to the master and then is busy (a script)
+        # for a while: it cannot reconnect before the master is killed, and
+        # the hold's write never reaches it.
+        cut = asyncio.create_task(asyncio.to_thread(cut_replication, replica, 1.2))
+        while victim.info("replication").get("connected_slaves", 0) != 0:
+            await asyncio.sleep(0.005)
+        lease = await holder.lock(name).acquire()
+        lost_at: list[float] = []
+        lease.on_lost(lambda _: lost_at.append(loop.time()))
+        cluster.kill_master(victim)
+        killed = loop.time()
+        busy = await cut
+        new_master = await asyncio.to_thread(cluster.wait_for_failover, victim)
+        failover_at = loop.time()
+        with new_master.admin_client() as admin:
+            replicated = admin.exists(main_key(name)) == 1
+        if replicated:  # the replica reconnected in time after all
+            pytest.skip("the replica had the hold: the write was not lost this time")
+        async with asyncio.timeout(LEASE):
+            got = await other.lock(name).acquire()
+        got_at = loop.time()
+        async with asyncio.timeout(LEASE):
+            while not lost_at:
+                await asyncio.sleep(0.01)
+        assert lease.lost
+        assert before.fencing_token < lease.fencing_token < got.fencing_token
+        print(
+            f"{cluster.kind}: lost write: replica busy {busy:.3f} s, failover "
+            f"{failover_at - killed:.3f} s, holder told {lost_at[0] - killed:.3f} s after the "
+            f"kill ({lease.lost_reason}), next holder in at {got_at - killed:.3f} s"
+        )
+        await got.release()
+    finally:
+        await holder.aclose()
+        await other.aclose()
+
+
 async def test_migration_of_a_held_lock(fresh_cluster: ClusterProcess) -> None:
     """The holder keeps its hold through a slot migration and renews it on the new
     owner; waiters (of two Clients) still get the lock, with higher tokens."""
