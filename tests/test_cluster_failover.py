@@ -36,6 +36,7 @@ import pytest
 
 from aiolock import Client, LockLostError
 from tests.cluster_servers import ClusterNode, ClusterProcess
+from tests.core_util import eventually
 
 #: The lease of the contending Clients: longer than a failover with a 1 s node
 #: timeout, so that a hold the replica had survives the promotion.
@@ -187,9 +188,11 @@ async def scenario(
             for w in range(TASKS_PER_NAME)
         ]
         # Contention under way on every name before the fault.
-        while min(record.acquired.get(n, 0) for n in hot + cold) < 5:
-            await asyncio.sleep(0.01)
-            assert not record.errors, record.errors
+        await eventually(
+            lambda: bool(record.errors) or min(record.acquired.get(n, 0) for n in hot + cold) >= 5,
+            what="contention on every name",
+        )
+        assert not record.errors, record.errors
         before = dict(record.acquired)
         fault_at = loop.time()
         probing = asyncio.create_task(first_acquire(probe, probe_name, 30.0))
@@ -199,10 +202,14 @@ async def scenario(
         assert first <= failover + AFTER_FAILOVER, (first, failover)
         # Every name changes hands again after the fault, a few times.
         bound = failover + 3 * LEASE
-        async with asyncio.timeout(bound):
-            while min(record.acquired[n] - before[n] for n in hot + cold) < 5:
-                await asyncio.sleep(0.01)
-                assert not record.errors, record.errors
+        await eventually(
+            lambda: (
+                bool(record.errors) or min(record.acquired[n] - before[n] for n in hot + cold) >= 5
+            ),
+            timeout=bound,
+            what="every name changing hands after the fault",
+        )
+        assert not record.errors, record.errors
         stop.set()
         async with asyncio.timeout(LEASE + 2.0):  # no waiter hangs
             await asyncio.gather(*tasks)
@@ -259,7 +266,7 @@ async def test_a_hold_survives_a_sigkill_of_its_master(fresh_cluster: ClusterPro
             assert admin.execute_command("WAIT", 1, 5000) == 1  # type: ignore[no-untyped-call]
         token = lease.fencing_token
         waiting = asyncio.create_task(waiter.lock(name).acquire())
-        await asyncio.sleep(0)
+        await eventually(lambda: waiter.statistics().waiting == 1, what="the waiter parked")
         cluster.kill_master(victim)
         new_master = await asyncio.to_thread(cluster.wait_for_failover, victim)
         # Renewals reach the promoted replica: the lease stays alive for several leases.
@@ -279,22 +286,15 @@ async def test_a_hold_survives_a_sigkill_of_its_master(fresh_cluster: ClusterPro
         await waiter.aclose()
 
 
-BUSY = """
-local t = redis.call('TIME')
-local start = t[1] * 1000000 + t[2]
-repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start > tonumber(ARGV[1]) * 1000000
-return 1
-"""
-
-
 def cut_replication(replica: ClusterNode, seconds: float) -> float:
     """Kill ``replica``'s link to its master and keep it busy for ``seconds``
-    (in one transaction: it cannot reconnect in between); the time it took."""
+    (DEBUG SLEEP, in one transaction: it cannot reconnect in between); the time
+    it took."""
     began = time.monotonic()
     with replica.admin_client() as admin:
         pipe = admin.pipeline(transaction=True)
         pipe.execute_command("CLIENT", "KILL", "TYPE", "master")  # type: ignore[no-untyped-call]
-        pipe.eval(BUSY, 0, seconds)
+        pipe.execute_command("DEBUG", "SLEEP", seconds)  # type: ignore[no-untyped-call]
         pipe.execute()
     return time.monotonic() - began
 
@@ -323,11 +323,14 @@ async def test_the_replica_lost_the_last_write(fresh_cluster: ClusterProcess) ->
         # for a while: it cannot reconnect before the master is killed, and
         # the hold's write never reaches it.
         cut = asyncio.create_task(asyncio.to_thread(cut_replication, replica, 1.2))
-        while victim.info("replication").get("connected_slaves", 0) != 0:
-            await asyncio.sleep(0.005)
+        await eventually(
+            lambda: victim.info("replication").get("connected_slaves", 0) == 0,
+            what="the replication link cut",
+        )
         lease = await holder.lock(name).acquire()
         lost_at: list[float] = []
-        lease.on_lost(lambda _: lost_at.append(loop.time()))
+        told = asyncio.Event()
+        lease.on_lost(lambda _: (lost_at.append(loop.time()), told.set()))
         cluster.kill_master(victim)
         killed = loop.time()
         busy = await cut
@@ -341,8 +344,7 @@ async def test_the_replica_lost_the_last_write(fresh_cluster: ClusterProcess) ->
             got = await other.lock(name).acquire()
         got_at = loop.time()
         async with asyncio.timeout(LEASE):
-            while not lost_at:
-                await asyncio.sleep(0.01)
+            await told.wait()
         assert lease.lost
         assert before.fencing_token < lease.fencing_token < got.fencing_token
         print(
@@ -371,7 +373,9 @@ async def test_migration_of_a_held_lock(fresh_cluster: ClusterProcess) -> None:
         lease = await holder.lock(name).acquire()
         token = lease.fencing_token
         waiting = [asyncio.create_task(c.lock(name).acquire()) for c in others]
-        await asyncio.sleep(lease_s)  # the waiters are parked, the hold renewed
+        await eventually(
+            lambda: all(c.statistics().waiting == 1 for c in others), what="waiters parked"
+        )
         await asyncio.to_thread(cluster.migrate_slot, slot, target)
         with target.admin_client() as admin:
             for _ in range(5):  # renewed on the new owner, several times over

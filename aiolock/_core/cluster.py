@@ -121,6 +121,13 @@ class Topology:
         self.refreshes = 0
         #: Called with the node names whose slots changed owner, after a refresh.
         self.on_change: Callable[[], None] | None = None
+        # Also called after a refresh that changed the map (see ``watch``).
+        self._watchers: list[Callable[[], None]] = []
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every refresh that changed the map (each
+        ``ClusterMux`` re-sends its commands waiting out a failover at once)."""
+        self._watchers.append(callback)
 
     def node(self, slot: int) -> str | None:
         return self._slots[slot]
@@ -202,8 +209,11 @@ class Topology:
         changed = slots != self._slots
         self._slots = slots
         self.refreshes += 1
-        if changed and self.on_change is not None:
-            self.on_change()
+        if changed:
+            if self.on_change is not None:
+                self.on_change()
+            for callback in self._watchers:
+                callback()
 
     async def aclose(self) -> None:
         await stop(self._refreshing)
@@ -233,6 +243,10 @@ class ClusterMux:
         self._on_connect = on_connect
         self._on_reset = on_reset
         self._connections: dict[str, CommandConnection] = {}
+        # Commands waiting to be re-sent (CLUSTERDOWN, TRYAGAIN, a dead master),
+        # with their timers: a map change re-sends them at once.
+        self._waiting: dict[_Command, asyncio.TimerHandle] = {}
+        topology.watch(self._resend_waiting)
         self._closed = False
         self._connects_closed = 0
         self.redirects = 0
@@ -309,11 +323,23 @@ class ClusterMux:
             raise ValueError(f"aiolock: a cluster command needs a key: {args[:2]!r}")
         _Command(self, args, slot_of(key), done).send()
 
+    def _resend_waiting(self) -> None:
+        """The map changed (a replica was promoted, a slot moved): re-send every
+        waiting command now, to its slot's master in the new map."""
+        waiting, self._waiting = self._waiting, {}
+        for command, timer in waiting.items():
+            timer.cancel()
+            command.send()
+
     async def drain(self, seconds: float) -> None:
         await asyncio.gather(*(c.drain(seconds) for c in self._connections.values()))
 
     async def aclose(self) -> None:
         self._closed = True
+        waiting, self._waiting = self._waiting, {}
+        for command, timer in waiting.items():
+            timer.cancel()
+            command.send()  # fails it: the lane is closed
         connections, self._connections = list(self._connections.values()), {}
         for conn in connections:
             self._connects_closed += conn.connects
@@ -337,6 +363,9 @@ class _Command:
 
     def send(self, target: str | None = None, asking: bool = False) -> None:
         mux = self._mux
+        if mux._closed:
+            self._done(None, ClientClosedError("the aiolock Client was closed; create a new one"))
+            return
         if mux._closed:
             self._done(None, ClientClosedError("the aiolock Client was closed; create a new one"))
             return
@@ -418,7 +447,11 @@ class _Command:
         # (mid-migration, a multi-key script some of whose keys are not on the
         # target yet goes ASK -> TRYAGAIN -> ASK... until SETSLOT NODE).
         self._tries = 0
-        loop.call_later(self._delay, self.send)
+        self._mux._waiting[self] = loop.call_later(self._delay, self._resend)
+
+    def _resend(self) -> None:
+        self._mux._waiting.pop(self, None)
+        self.send()
 
 
 def _text(value: Any) -> bytes:
