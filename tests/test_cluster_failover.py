@@ -277,7 +277,7 @@ async def test_a_hold_survives_a_sigkill_of_its_master(fresh_cluster: ClusterPro
                 assert not lease.lost, lease.lost_reason
         assert not waiting.done()
         await lease.release()
-        async with asyncio.timeout(2.0):  # woken by the release, not by the TTL
+        async with asyncio.timeout(1.0):  # woken by the release message, not by the TTL
             got = await waiting
         assert got.fencing_token > token
         await got.release()

@@ -32,6 +32,16 @@ re-sending is safe for each since the script did not run:
   reaches the promoted replica within ``RESEND_CAP`` of the cluster's
   failover (no reconnect backoff towards a dead node).
 
+Failover (tests/test_cluster_failover.py): a master's death resets its
+connections, which bumps the Engine's connection epoch, so the verifier
+re-checks every hold at once (riding out the failover as above); a hold the
+promoted replica has is kept and renewed there, one it lacks (asynchronous
+replication lost the acquire) is reported lost (LockLostError). Another
+Client may take the lock on the promoted replica before the old holder's
+check lands (measured: tens to a couple of hundred milliseconds); its fencing
+token is the higher one (see scripts/_fence.lua). Scripts are loaded on each
+new connection and again on NOSCRIPT, so a promoted replica serves them.
+
 All of it is bounded: at most ``MAX_REDIRECTS`` redirections in a row
 (MOVED, ASK) and at most ``command_timeout`` seconds of backoff (TRYAGAIN,
 CLUSTERDOWN, an unreachable master; e.g. mid-migration a script whose keys
@@ -515,6 +525,9 @@ class ShardedListener:
         self._started = False
         self._closed = False
         self._rehoming: asyncio.Task[None] | None = None
+        self._watching: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        topology.watch(self._changed.set)
         self._connects_closed = 0
 
     def _listener(self, name: str) -> Listener:
@@ -542,8 +555,31 @@ class ShardedListener:
 
     def _lost(self) -> None:
         self._topology.refresh_soon()
+        if not self._closed and (self._watching is None or self._watching.done()):
+            self._watching = asyncio.get_running_loop().create_task(
+                self._await_failover(), name="aiolock-cluster-watch"
+            )
         if self._on_reset is not None:
             self._on_reset()
+
+    async def _await_failover(self) -> None:
+        """A node's pub/sub link was lost: the node may be dead and its replica
+        about to be promoted. Nothing else may ask for the map meanwhile (its
+        waiters are parked, its listener only retries the dead node), so re-read
+        it every ``RESEND_CAP`` until it changes (``on_change`` then re-homes the
+        channels to the promoted replica) or for the topology's timeout (the
+        node came back as it was)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self._topology.timeout
+        self._changed.clear()
+        while not self._closed and not self._changed.is_set() and loop.time() < end:
+            try:
+                await self._topology.refresh()
+            except ConnectionFailedError:
+                pass  # (logged by the refresh) tried again
+            if self._changed.is_set():
+                return
+            await asyncio.sleep(RESEND_CAP)
 
     # -- the Listener interface -------------------------------------------------------------
 
@@ -621,6 +657,7 @@ class ShardedListener:
     async def aclose(self) -> None:
         self._closed = True
         await stop(self._rehoming)
+        await stop(self._watching)
         listeners = list(self._listeners.values())
         for listener in listeners:
             self._connects_closed += listener.connects
