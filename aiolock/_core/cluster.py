@@ -28,9 +28,9 @@ re-sending is safe for each since the script did not run:
   loaded on that node and the command re-sent once;
 * a connection to the slot's master that cannot be opened (refused, timed
   out: the node died, a failover is under way): the command was never
-  written, so it is re-sent like CLUSTERDOWN, the map re-read meanwhile; it
-  reaches the promoted replica within ``RESEND_CAP`` of the cluster's
-  failover (no reconnect backoff towards a dead node).
+  written, so it is re-sent like CLUSTERDOWN, the map re-read meanwhile,
+  and at once when a refresh shows the promoted replica (``Topology.watch``;
+  no reconnect backoff towards a dead node).
 
 Failover (tests/test_cluster_failover.py): a master's death resets its
 connections, which bumps the Engine's connection epoch, so the verifier
@@ -374,9 +374,6 @@ class _Command:
 
     def send(self, target: str | None = None, asking: bool = False) -> None:
         mux = self._mux
-        if mux._closed:
-            self._done(None, ClientClosedError("the aiolock Client was closed; create a new one"))
-            return
         if mux._closed:
             self._done(None, ClientClosedError("the aiolock Client was closed; create a new one"))
             return
