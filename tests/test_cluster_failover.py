@@ -286,6 +286,39 @@ async def test_a_hold_survives_a_sigkill_of_its_master(fresh_cluster: ClusterPro
         await waiter.aclose()
 
 
+async def test_a_parked_waiter_hears_a_release_on_the_promoted_replica(
+    fresh_cluster: ClusterProcess,
+) -> None:
+    """A waiter parked (pub/sub) on a name of the killed master: its channel moves
+    to the promoted replica as soon as the map shows it (nothing else of its
+    Client asks for the map), so the holder's release there wakes it at once,
+    not when its wait bound (the holder's TTL) runs out."""
+    cluster = fresh_cluster
+    victim = cluster.masters()[0]
+    name = names_on(cluster, victim, 1, "parked")[0]
+    lease_s = 6.0  # the waiter's wait bound: far beyond the failover and the release
+    holder = Client.from_url(cluster.url, lease=lease_s)
+    waiter = Client.from_url(cluster.url, lease=lease_s)
+    try:
+        await (await waiter.lock(f"{name}-warm").acquire()).release()
+        lease = await holder.lock(name).acquire()
+        with victim.admin_client() as admin:
+            assert admin.execute_command("WAIT", 1, 5000) == 1  # type: ignore[no-untyped-call]
+        waiting = asyncio.create_task(waiter.lock(name).acquire())
+        await eventually(lambda: waiter.statistics().waiting == 1, what="the waiter parked")
+        cluster.kill_master(victim)
+        await asyncio.to_thread(cluster.wait_for_failover, victim)
+        assert not lease.lost, lease.lost_reason
+        await lease.release()  # on the promoted replica: it publishes the wake-up there
+        async with asyncio.timeout(1.0):
+            got = await waiting
+        assert got.fencing_token > lease.fencing_token
+        await got.release()
+    finally:
+        await holder.aclose()
+        await waiter.aclose()
+
+
 def cut_replication(replica: ClusterNode, seconds: float) -> float:
     """Kill ``replica``'s link to its master and keep it busy for ``seconds``
     (DEBUG SLEEP, in one transaction: it cannot reconnect in between); the time
