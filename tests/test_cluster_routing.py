@@ -678,3 +678,33 @@ async def test_cancelled_while_being_redirected_holds_nothing(
             await lease.release()
         finally:
             await asyncio.to_thread(migrate_back, cluster, slot, source)
+
+
+async def test_discovery_that_fails_at_first_is_tried_again(
+    cluster: ClusterProcess, restore: list[int]
+) -> None:
+    """The seed says a slot has no master (cluster=None found a cluster node,
+    then its slot map was incomplete): the Client's first acquire rides it out,
+    discovering again, and works once the slot is served."""
+    seed = cluster.masters()[0]
+    elsewhere = name_on(cluster, other_master(cluster, seed))
+    slot = cluster.slot_of(f"aiolock:{{{name_on(cluster, seed)}}}")
+    restore.append(slot)
+    seed.execute("CLUSTER", "DELSLOTS", slot)
+    try:
+        async with Client.from_url(f"redis://{LOOPBACK}:{seed.port}") as client:
+            engine = engine_of(client)
+            acquire = asyncio.ensure_future(client.lock(elsewhere).acquire(timeout=30))
+
+            def failed_once() -> bool:
+                task = engine._settling
+                return task is not None and task.done() and task.exception() is not None
+
+            await until(failed_once, "a failed discovery")
+            assert engine.cluster is True  # a cluster node: that much is known
+            seed.execute("CLUSTER", "ADDSLOTS", slot)
+            lease = await acquire
+            await lease.release()
+    finally:
+        with contextlib.suppress(redis.RedisError):
+            seed.execute("CLUSTER", "ADDSLOTS", slot)
