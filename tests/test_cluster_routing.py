@@ -163,9 +163,13 @@ async def test_from_url_cluster_true_discovers_from_any_node(
         assert engine.mux.nodes == sorted(names)
 
 
-async def test_default_finds_out_and_switches_to_cluster_mode(cluster: ClusterProcess) -> None:
+@pytest.mark.parametrize("seed", ["master", "replica"])
+async def test_default_finds_out_and_switches_to_cluster_mode(
+    cluster: ClusterProcess, seed: str
+) -> None:
+    node = cluster.masters()[0] if seed == "master" else cluster.replicas()[0]
     names = names_on_every_master(cluster)
-    async with Client.from_url(cluster.url) as client:
+    async with Client.from_url(f"redis://{LOOPBACK}:{node.port}") as client:
         engine = engine_of(client)
         assert engine.cluster is None  # not known before the first command
         held = {}
