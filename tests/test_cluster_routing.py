@@ -561,25 +561,37 @@ async def test_clusterdown_past_the_callers_timeout_fails_and_leaves_nothing(
 ) -> None:
     owner = cluster.masters()[0]
     name = name_on(cluster, owner)
-    async with Client.from_url(cluster.url) as client, Client.from_url(cluster.url) as other:
+    async with (
+        Client.from_url(cluster.url) as client,
+        Client.from_url(cluster.url, command_timeout=0.2) as impatient,
+        Client.from_url(cluster.url) as other,
+    ):
         await settled(client)
+        await settled(impatient)
         key = client.key(name)
         slot = cluster.slot_of(key)
         restore.append(slot)
         owner.execute("CLUSTER", "DELSLOTS", slot)
         try:
             loop = asyncio.get_running_loop()
+            # As documented for an outage: LockTimeoutError when the deadline
+            # comes while the command is still being re-sent (for up to
+            # command_timeout)...
             began = loop.time()
-            # As documented for an outage: LockTimeoutError if the deadline
-            # comes while the command is still being re-sent, ConnectionFailedError
-            # (ServerUnavailableError's base) if its last try failed there.
-            with pytest.raises((LockTimeoutError, ConnectionFailedError)):
+            with pytest.raises(LockTimeoutError, match="no reply"):
                 await client.lock(name).acquire(timeout=0.5)
             assert loop.time() - began < 3.0
+            # ... ConnectionFailedError when its tries failed until then (the
+            # command lane gave up after command_timeout, the wait retried).
+            began = loop.time()
+            with pytest.raises(ConnectionFailedError, match="CLUSTERDOWN") as info:
+                await impatient.lock(name).acquire(timeout=1.0)
+            assert loop.time() - began < 3.0
+            assert "CLUSTERDOWN" in str(info.value.__cause__)
         finally:
             owner.execute("CLUSTER", "ADDSLOTS", slot)
         assert owner.execute("EXISTS", key) == 0  # nothing held
-        assert owner.execute("EXISTS", key + ":fence") == 0  # it never ran
+        assert owner.execute("EXISTS", key + ":fence") == 0  # no acquire ran
         lease = await other.lock(name).acquire(timeout=10)
         await lease.release()
 
