@@ -47,16 +47,17 @@ from typing import Any
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from .connection import CommandConnection, Orphan
 from .errors import (
     ClientClosedError,
     ConnectionFailedError,
+    ServerRefusedError,
     UnsupportedServerError,
     from_redis,
 )
-from .futures import stop
+from .futures import retrieve, stop
 from .listener import Channel, Listener
 from .redis_compat import ConnectionFactory, node_connection_factory
 
@@ -101,8 +102,9 @@ class Topology:
     (one refresh at a time; callers share it).
     """
 
-    def __init__(self, cluster: RedisCluster, client_name: str) -> None:
+    def __init__(self, cluster: RedisCluster, client_name: str, timeout: float = 10.0) -> None:
         self._cluster = cluster
+        self.timeout = timeout
         self._client_name = client_name
         self._slots: list[str | None] = [None] * 16384
         self._nodes: dict[str, ClusterNode] = {}
@@ -165,35 +167,32 @@ class Topology:
             task = self._refreshing = asyncio.get_running_loop().create_task(
                 self._refresh(), name="aiolock-cluster-refresh"
             )
-            # Retrieved here: a background refresh that failed is not an
-            # "exception never retrieved" (it was logged; callers of
-            # refresh() get it raised).
-            task.add_done_callback(_retrieve)
+            task.add_done_callback(retrieve)  # a background refresh's failure is logged
         return task
 
     async def _refresh(self) -> None:
         manager = self._cluster.nodes_manager
         try:
-            if self.refreshes == 0:
-                # The first time through the client's own (public) initialize:
-                # it marks the client initialized, so that its aclose() closes
-                # the connections discovery opened (it is a no-op otherwise).
-                await self._cluster.initialize()
-            else:
-                await manager.initialize()
-        except (RedisError, RedisClusterException, OSError) as exc:
-            # (RedisClusterException: no seed answered, or the slots are not
-            # all served, e.g. a master down before its failover.)
+            # Bounded: a paused seed node would hold redis-py's discovery for ever.
+            async with asyncio.timeout(self.timeout):
+                if self.refreshes == 0:
+                    # The public initialize() (a no-op if the user's client ran it):
+                    # it also marks the client initialized, so that its
+                    # aclose() closes the node connections discovery opened.
+                    await self._cluster.initialize()
+                else:
+                    await manager.initialize()
+        except Exception as exc:  # redis-py's RedisClusterException is no RedisError
             if "Cluster mode is not enabled" in str(exc):
                 raise UnsupportedServerError(
                     f"this server is not a Redis Cluster node ({exc}), and this Client "
                     "was told it is one (cluster=True, or a redis.asyncio.RedisCluster). "
                     "Use cluster=None (finds out) or False, or a redis.asyncio.Redis"
                 ) from exc
-            log.warning("aiolock: could not refresh the cluster's slot map: %s", exc)
+            log.warning("aiolock: could not refresh the cluster's slot map: %r", exc)
             raise ConnectionFailedError(
-                f"could not read the cluster's slot map from any known node: {exc}. "
-                "Check that the cluster is up and reachable; aiolock retries"
+                f"could not read the cluster's slot map from any known node: {exc!r}. "
+                "Check that the cluster is up and reachable from here; aiolock retries"
             ) from exc
         slots: list[str | None] = [None] * 16384
         for slot, nodes in manager.slots_cache.items():
@@ -366,6 +365,9 @@ class _Command:
 
     def send(self, target: str | None = None, asking: bool = False) -> None:
         mux = self._mux
+        if mux._closed:
+            self._done(None, ClientClosedError("the aiolock Client was closed; create a new one"))
+            return
         name = target or mux.topology.node(self._slot)
         if name is None:  # the slot is not served (yet): as CLUSTERDOWN
             mux.topology.refresh_soon()
@@ -471,11 +473,6 @@ def _ignore(reply: Any, error: BaseException | None) -> None:
     return None
 
 
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
 def server_version(info: str) -> tuple[int, int] | None:
     """The ``(major, minor)`` of ``redis_version`` in the text of ``INFO server``
     (Valkey reports the Redis version it is compatible with there: 7.2.x), or
@@ -501,7 +498,15 @@ async def check_versions(mux: ClusterMux) -> None:
     """``check_version`` on every master (one ``INFO server`` each, on the
     command lane's connections: they are made now, as they will be used)."""
     for name in mux.topology.masters():
-        info = await mux.connection(name).call(b"INFO", b"server")
+        try:
+            info = await mux.connection(name).call(b"INFO", b"server")
+        except ServerRefusedError as exc:
+            if exc.code != "NOPERM":
+                raise
+            # An ACL user without INFO: SSUBSCRIBE and SPUBLISH fail on an old
+            # server with their own clear error; nothing to check here.
+            log.debug("aiolock: INFO refused on %s; the server's version is not checked", name)
+            return
         check_version(name, info.decode() if isinstance(info, bytes) else str(info))
 
 

@@ -390,6 +390,13 @@ class Engine:
 
     # -- the mode: standalone or cluster ------------------------------------------------------
 
+    async def is_cluster(self) -> bool:
+        """True in cluster mode, False standalone; on first use it finds out
+        (as the first command does: see ``_settle``). Sends nothing once known."""
+        if not self._settled:
+            await self._settle()
+        return bool(self.cluster)
+
     async def _settle(self) -> None:
         """Find out the mode (cluster or not) and set it up, once: every command
         waits for it on first use. Fails like a command if the server cannot be
@@ -438,7 +445,7 @@ class Engine:
         master for commands and one for renewals, sharded pub/sub, the
         cluster variant of every script."""
         assert self._cluster_client is not None
-        topology = Topology(self._cluster_client, self._client_name)
+        topology = Topology(self._cluster_client, self._client_name, self.command_timeout)
         await topology.refresh()
         self.scripts = load_scripts(cluster=True)
         sources = {s.sha.encode(): s.source.encode() for s in self.scripts.values()}
