@@ -502,9 +502,11 @@ async def test_an_acquire_rides_out_a_migration_and_follows_the_slot(
 async def test_tryagain_is_ridden_out_while_a_migration_splits_the_keys(
     cluster: ClusterProcess, restore: list[int]
 ) -> None:
-    """A multi-key script (release: the lock and its fence) while only some of
-    its keys moved: TRYAGAIN from the source, re-sent after a backoff until
-    the migration ends."""
+    """A multi-key script (release: the lock, its fence, its signal list and
+    waiting set) while its keys are split (the fence moved, the lock not,
+    the others absent): TRYAGAIN from the source (Redis runs a multi-key
+    command on a migrating slot only where all its keys are), re-sent after
+    a backoff until the migration ends."""
     source = cluster.masters()[0]
     target = other_master(cluster, source)
     name = name_on(cluster, source)
