@@ -142,10 +142,14 @@ class Topology:
         return self.factory(name)
 
     def moved(self, slot: int, name: str) -> None:
-        """A MOVED said ``slot`` is served by ``name`` now."""
+        """A MOVED said ``slot`` is served by ``name`` now: ``on_change`` runs at
+        once (the refresh that follows compares with the corrected map, so it
+        would not report this slot's change)."""
         if self._slots[slot] != name:
             self._slots[slot] = name
             self.refresh_soon()
+            if self.on_change is not None:
+                self.on_change()
 
     def refresh_soon(self) -> None:
         """Refresh the map in the background (a no-op while one runs)."""
@@ -531,7 +535,8 @@ class ShardedListener:
                 home = self._topology.node(slot_of(name))
                 if home is not None and home != node:
                     listener.disown(channel)
-                    self._listener(home).adopt(channel)
+                    if channel.refs > 0:  # (a lingering one nobody waits on is dropped)
+                        self._listener(home).adopt(channel)
 
     async def aclose(self) -> None:
         self._closed = True

@@ -291,11 +291,16 @@ class Listener:
         self._wanted.set()
 
     def disown(self, channel: Channel) -> None:
-        """Give ``channel`` up to another node's listener (see ``adopt``)."""
+        """Give ``channel`` up to another node's listener (see ``adopt``).
+
+        The SUNSUBSCRIBE sent here expects no reply: this node has most
+        likely dropped the channel already and answers ``MOVED`` (an error
+        reply names no channel), and a reply for a channel this listener no
+        longer has is ignored anyway."""
         if self._channels.get(channel.name) is channel:
             del self._channels[channel.name]
             self._expect.pop(channel.name, None)
-            self._send(self._unsubscribe_cmd, [channel.name])
+            self._send(self._unsubscribe_cmd, [channel.name], expect=False)
 
     def unregister(self, channel: Channel, *, linger: bool = False) -> None:
         """Drop a reference; unsubscribe after the last one.
@@ -338,13 +343,15 @@ class Listener:
 
     # -- the connection ----------------------------------------------------------
 
-    def _send(self, command: bytes, names: list[bytes]) -> None:
-        """(Un)subscribe ``names`` at the end of this loop iteration."""
+    def _send(self, command: bytes, names: list[bytes], *, expect: bool = True) -> None:
+        """(Un)subscribe ``names`` at the end of this loop iteration (``expect``:
+        count the replies due, see ``_dispatch``)."""
         link = self._link
         if link is None:
             return  # (re)connecting: the session subscribes the whole set
-        for name in names:
-            self._expect.setdefault(name, deque()).append(command == self._subscribe)
+        if expect:
+            for name in names:
+                self._expect.setdefault(name, deque()).append(command == self._subscribe)
         batch = self._batch
         if batch and self._batch_link is link:
             if batch[-1][0] == command:
