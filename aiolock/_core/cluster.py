@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 from collections import ChainMap
 from collections.abc import Callable, Iterable
@@ -435,6 +436,8 @@ class ShardedListener:
         self._closed = False
         self._rehoming: asyncio.Task[None] | None = None
         self._connects_closed = 0
+        self._last_round = -math.inf  # loop time of the last re-homing round
+        self._pause = 0.0
 
     def _listener(self, name: str) -> Listener:
         listener = self._listeners.get(name)
@@ -515,6 +518,18 @@ class ShardedListener:
             )
 
     async def _refresh_and_rehome(self) -> None:
+        """Refresh the map, move the channels whose slot moved, and subscribe
+        again those a node refused or dropped that stay where they are: no
+        channel is left unsubscribed while its slot is served. Refused again
+        within a second of the last round (the nodes do not agree yet: a slot's
+        new owner still being gossiped, a failover under way), it first waits,
+        longer each time, at most a second: one round a second at most."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_round < 1.0:
+            self._pause = min(max(self._pause * 2, 0.05), 1.0)
+            await asyncio.sleep(self._pause)
+        else:
+            self._pause = 0.0
         delay = 0.05
         while not self._closed:
             try:
@@ -524,6 +539,9 @@ class ShardedListener:
                 delay = min(delay * 2, 1.0)
                 continue
             self.rehome()
+            for listener in list(self._listeners.values()):
+                listener.resubscribe()
+            self._last_round = loop.time()
             return
 
     def rehome(self) -> None:

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
+from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .connection import pack
@@ -53,6 +55,7 @@ _SUBSCRIBE_REPLIES = frozenset((b"subscribe", b"unsubscribe", b"ssubscribe", b"s
 WAKE_ONE = b"1"
 WAKE_ALL = b"*"
 _PING = pack((b"PING",))
+_REDIRECT = re.compile(r"(?:MOVED|ASK) (\d+) ")
 
 
 class Channel:
@@ -236,6 +239,11 @@ class Listener:
         self._channels: dict[bytes, Channel] = {}
         # Replies still due per channel, in send order: True = subscribe.
         self._expect: dict[bytes, deque[bool]] = {}
+        # Sharded mode: every (un)subscription sent, in order (one channel per
+        # command, each answered by one reply: its (un)subscribe push or an
+        # error, which names no channel). Matching replies to it tells a
+        # server-sent sunsubscribe from a reply and an error from whom.
+        self._order: deque[tuple[bytes, bool]] = deque()
         self._link: Link | None = None  # the connection, once connected
         # (Un)subscriptions of this loop iteration, sent together at its end
         # (100,000 waiters cancelled at once unsubscribe 1,000 channels in one
@@ -286,21 +294,24 @@ class Listener:
         channel.set_confirmed(False)
         channel.resync = True
         self._channels[channel.name] = channel
-        self._expect.pop(channel.name, None)  # replies due from an earlier stay are stale
         self._send(self._subscribe, [channel.name])
         self._wanted.set()
 
-    def disown(self, channel: Channel) -> None:
-        """Give ``channel`` up to another node's listener (see ``adopt``).
+    def resubscribe(self) -> None:
+        """Subscribe again each channel that is not confirmed and has no reply
+        due (cluster mode: a node refused it, with MOVED or CLUSTERDOWN, or
+        dropped it, and the slot map says it belongs here after all). Its
+        waiters are woken once it is confirmed."""
+        for name, channel in self._channels.items():
+            if not channel.is_confirmed and not self._expect.get(name):
+                channel.resync = True
+                self._send(self._subscribe, [name])
 
-        The SUNSUBSCRIBE sent here expects no reply: this node has most
-        likely dropped the channel already and answers ``MOVED`` (an error
-        reply names no channel), and a reply for a channel this listener no
-        longer has is ignored anyway."""
+    def disown(self, channel: Channel) -> None:
+        """Give ``channel`` up to another node's listener (see ``adopt``)."""
         if self._channels.get(channel.name) is channel:
             del self._channels[channel.name]
-            self._expect.pop(channel.name, None)
-            self._send(self._unsubscribe_cmd, [channel.name], expect=False)
+            self._send(self._unsubscribe_cmd, [channel.name])
 
     def unregister(self, channel: Channel, *, linger: bool = False) -> None:
         """Drop a reference; unsubscribe after the last one.
@@ -343,15 +354,16 @@ class Listener:
 
     # -- the connection ----------------------------------------------------------
 
-    def _send(self, command: bytes, names: list[bytes], *, expect: bool = True) -> None:
-        """(Un)subscribe ``names`` at the end of this loop iteration (``expect``:
-        count the replies due, see ``_dispatch``)."""
+    def _send(self, command: bytes, names: list[bytes]) -> None:
+        """(Un)subscribe ``names`` at the end of this loop iteration."""
         link = self._link
         if link is None:
             return  # (re)connecting: the session subscribes the whole set
-        if expect:
-            for name in names:
-                self._expect.setdefault(name, deque()).append(command == self._subscribe)
+        subscribe = command == self._subscribe
+        for name in names:
+            self._expect.setdefault(name, deque()).append(subscribe)
+            if self.sharded:
+                self._order.append((name, subscribe))
         batch = self._batch
         if batch and self._batch_link is link:
             if batch[-1][0] == command:
@@ -407,6 +419,7 @@ class Listener:
                     channel.set_confirmed(False)
                     channel.resync = True
                 self._expect.clear()
+                self._order.clear()
                 if self._link is not None and not self._closed:
                     dialer.lost()
                 await self._disconnect()
@@ -461,6 +474,8 @@ class Listener:
         CLUSTERDOWN says a channel belongs to another node (or none, during a
         failover): the channels are re-homed from a fresh slot map."""
         message = str(reply)
+        if self.sharded:
+            self._answered(message)
         if (
             self.sharded
             and self._on_moved is not None
@@ -469,6 +484,34 @@ class Listener:
             self._on_moved()
             return
         log.warning("aiolock listener: Redis answered %s", reply)
+
+    def _answered(self, error: str) -> None:
+        """Sharded mode: the (un)subscription first in ``_order`` was refused
+        with ``error``: no reply for it is due any more. (A MOVED or ASK that
+        names another slot answers a command already matched: see
+        ``_dispatch``, a server-sent sunsubscribe taken for its reply.)"""
+        if not self._order:
+            return
+        name, _ = self._order[0]
+        match = _REDIRECT.match(error)
+        if match is not None and int(match.group(1)) != key_slot(name):
+            return
+        self._order.popleft()
+        expect = self._expect.get(name)
+        if expect:
+            expect.popleft()
+            if not expect:
+                del self._expect[name]
+
+    def _dropped(self, name: bytes) -> None:
+        """A sunsubscribe nobody asked for: the server dropped the channel (its
+        slot moved, a failover). Listen again where the slot is now."""
+        channel = self._channels.get(name)
+        if channel is not None:
+            channel.set_confirmed(False)
+            channel.resync = True
+            if self._on_moved is not None:
+                self._on_moved()
 
     def _dispatch(self, reply: object) -> None:
         if not isinstance(reply, list) or not reply:
@@ -484,16 +527,16 @@ class Listener:
                 channel.wake(reply[2])
         elif kind in _SUBSCRIBE_REPLIES:
             name = reply[1]
+            if self.sharded:
+                order = self._order
+                if order and order[0] == (name, kind == b"ssubscribe"):
+                    order.popleft()  # the reply to the first command due
+                elif kind == b"sunsubscribe":
+                    self._dropped(name)  # not a reply: the server dropped it
+                    return
             expect = self._expect.get(name)
             if not expect and kind == b"sunsubscribe":
-                # Not asked for: the server dropped the channel (its slot
-                # moved, a failover). Listen again where the slot is now.
-                channel = self._channels.get(name)
-                if channel is not None:
-                    channel.set_confirmed(False)
-                    channel.resync = True
-                    if self._on_moved is not None:
-                        self._on_moved()
+                self._dropped(name)
                 return
             if expect:
                 expect.popleft()
