@@ -434,6 +434,54 @@ async def test_waiter_follows_its_slot(make: MakeClient, nodes: Nodes, release: 
     await held_b.release()
 
 
+async def test_waiter_when_the_slot_map_lags(make: MakeClient, nodes: Nodes) -> None:
+    """The slot of B's channel moves, and the source is told first: it drops
+    B's subscription while the other nodes still name it the owner, so the
+    slot map B reads then still says "source" (the channel stays there, and
+    the source refuses it with MOVED). B's listener keeps asking, at most a
+    second apart, until the map agrees: once the move is finished, B listens
+    on the new owner and gets the lock well before A's TTL."""
+    source, target = nodes.masters()[1], nodes.masters()[2]
+    a, b = await make(), await make()
+    name = nodes.name_on(source, "lag")
+    held_a = await a.lock(name).acquire()
+    lock_b = b.lock(name)
+    channel = lock_b._names.wait_channel(b.id)
+    waiting = asyncio.ensure_future(lock_b.acquire())
+    try:
+        await parked_on(b, nodes, source, channel)
+        refreshes = b._engine.topology.refreshes
+        await _migrate(nodes, _slot(name), target, finish=False)
+
+        async def dropped() -> bool:
+            return (
+                await nodes.shard_subscribers(source, channel) == 0
+                and b._engine.topology.refreshes > refreshes
+            )
+
+        await eventually(dropped, what="the source dropped B's channel and B read the map")
+        subscribed = b._engine.listener.channels.get(channel)
+        assert subscribed is not None and not subscribed.is_confirmed  # (the map lags)
+        await _finish(nodes, _slot(name), target)
+        await nodes.load()
+
+        async def rehomed() -> bool:
+            subscribed = b._engine.listener.channels.get(channel)
+            return (
+                subscribed is not None
+                and subscribed.is_confirmed
+                and await nodes.shard_subscribers(target, channel) == 1
+            )
+
+        await eventually(rehomed, timeout=WOKEN, what="B's channel on the slot's new master")
+        await held_a.release()
+        async with asyncio.timeout(WOKEN):
+            held_b = await waiting
+    finally:
+        waiting.cancel()
+    await held_b.release()
+
+
 async def test_lingering_channel_moved_is_dropped(make: MakeClient, nodes: Nodes) -> None:
     """A channel nobody waits on any more (it lingers, subscribed, after its
     waiter got the lock) whose slot moves is dropped, not carried to the new
@@ -475,22 +523,33 @@ async def cluster() -> AsyncIterator[_AdHoc]:
     yield _AdHoc()
 
 
-async def _migrate(nodes: Nodes, slot: int, target: str) -> None:
-    """TEMP: move ``slot`` (and its keys) to master ``target``."""
+async def _migrate(nodes: Nodes, slot: int, target: str, *, finish: bool = True) -> None:
+    """Move ``slot`` (and its keys) to master ``target``. ``finish=False``: only
+    the source is told the slot is the target's (it drops the slot's
+    subscribers and redirects to the target) while every other node, the
+    target included, still names the source the owner; ``_finish`` tells them."""
     source = nodes.slots[slot]
     src, dst = nodes.node(source), nodes.node(target)
-    src_id = await src.execute_command("CLUSTER", "MYID")
     dst_id = await dst.execute_command("CLUSTER", "MYID")
-    await dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+    await dst.execute_command(
+        "CLUSTER", "SETSLOT", slot, "IMPORTING", await src.execute_command("CLUSTER", "MYID")
+    )
     await src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
     host, _, port = target.rpartition(":")
     while keys := await src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
         await src.execute_command("MIGRATE", host, port, "", 0, 5000, "KEYS", *keys)
-    for conn in (dst, src):
-        await conn.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
-    for other in nodes.masters():
-        if other not in (source, target):
-            await nodes.node(other).execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+    if finish:
+        await dst.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+    await src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+    if finish:
+        await _finish(nodes, slot, target)
+
+
+async def _finish(nodes: Nodes, slot: int, target: str) -> None:
+    dst = nodes.node(target)
+    dst_id = await dst.execute_command("CLUSTER", "MYID")
+    for name in nodes.masters():
+        await nodes.node(name).execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
 
 
 async def test_waiter_after_slot_moves_back(make: MakeClient, nodes: Nodes) -> None:
