@@ -7,6 +7,9 @@ Backends (see README_TESTING_NOTES.md):
 * ``AIOLOCK_TEST_BACKEND=docker``: redis and valkey containers via testcontainers.
 
 Fault tests (kill/pause/restart) use ``fresh_server`` and are skipped in the last two modes.
+
+Cluster tests use ``cluster`` (shared per backend) or ``fresh_cluster`` (one per test),
+local ``ClusterProcess``es (tests/cluster_servers.py): process mode only, skipped otherwise.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any, Literal
 import pytest
 
 from aiolock import Client
+from tests.cluster_servers import ClusterProcess
 from tests.servers import (
     ContainerServer,
     RedisServer,
@@ -190,6 +194,9 @@ def _flush_shared_server(request: pytest.FixtureRequest) -> None:
     if "server" in request.fixturenames:
         shared: RedisServer = request.getfixturevalue("server")
         shared.reset()
+    if "cluster" in request.fixturenames:
+        shared_cluster: ClusterProcess = request.getfixturevalue("cluster")
+        shared_cluster.reset()
 
 
 @pytest.fixture(params=_kind_params())
@@ -203,6 +210,88 @@ def fresh_server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
     kind: ServerKind = request.param
     with ServerProcess(kind, _require_binary(kind)) as proc:
         yield proc
+
+
+# --------------------------------------------------------------------------- clusters
+
+
+def _require_cluster_mode() -> None:
+    """Skip: a cluster is local processes only (no external/docker cluster support)."""
+    mode = _mode()
+    if mode == "external":
+        pytest.skip(f"cluster tests need local server processes, but {URL_ENV} is set")
+    if mode == "docker":
+        pytest.skip(f"cluster tests need local server processes, but {BACKEND_ENV}=docker")
+
+
+class _ClusterPool:
+    """One shared cluster per backend, started on first use, stopped at session end."""
+
+    def __init__(self) -> None:
+        self._clusters: dict[ServerKind, ClusterProcess] = {}
+        self._failures: dict[ServerKind, BaseException] = {}
+
+    def get(self, kind: ServerKind) -> ClusterProcess:
+        if kind in self._clusters:
+            return self._clusters[kind]
+        if kind in self._failures:  # don't retry a failed formation for every test
+            raise RuntimeError(f"shared {kind} cluster failed to start earlier") from (
+                self._failures[kind]
+            )
+        _require_cluster_mode()
+        # The shared cluster is never faulted on purpose: a node timeout of 5 s
+        # (not the fault tests' 1 s) keeps a CPU-starved CI machine from
+        # failing a master over under a test's feet.
+        cluster = ClusterProcess(kind, _require_binary(kind), node_timeout_ms=5000)
+        try:
+            cluster.start()
+        except BaseException as exc:
+            self._failures[kind] = exc
+            raise
+        self._clusters[kind] = cluster
+        return cluster
+
+    def close(self) -> None:
+        clusters, self._clusters = self._clusters, {}
+        for cluster in clusters.values():
+            cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def _cluster_pool() -> Iterator[_ClusterPool]:
+    pool = _ClusterPool()
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="session", params=_kind_params())
+def cluster(request: pytest.FixtureRequest, _cluster_pool: _ClusterPool) -> ClusterProcess:
+    """The shared 3-master/3-replica cluster of one backend (params: redis, valkey).
+
+    Reset (FLUSHALL + SCRIPT FLUSH) before every test that uses it.  Never kill,
+    fail over or migrate on it: use ``fresh_cluster`` for that.  Skipped unless
+    the servers are local processes.
+    """
+    kind: ServerKind = request.param
+    return _cluster_pool.get(kind)
+
+
+@pytest.fixture
+def cluster_url(cluster: ClusterProcess) -> str:
+    """``cluster.url``: ``redis://127.0.0.1:PORT`` of one of the shared cluster's nodes."""
+    return cluster.url
+
+
+@pytest.fixture(params=_kind_params())
+def fresh_cluster(request: pytest.FixtureRequest) -> Iterator[ClusterProcess]:
+    """A private cluster for this test only (about 2 s to form): kill, fail over,
+    migrate at will.  Skipped unless the servers are local processes."""
+    _require_cluster_mode()
+    kind: ServerKind = request.param
+    with ClusterProcess(kind, _require_binary(kind)) as cluster:
+        yield cluster
 
 
 @pytest.fixture

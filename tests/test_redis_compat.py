@@ -176,3 +176,46 @@ async def test_connect_names_what_is_missing(server: RedisServer) -> None:
         for writer in hidden:
             writer.close()
         conn._reader = None
+
+
+# -- cluster mode: what aiolock/_core/cluster.py relies on ----------------------------------
+
+
+async def test_cluster_discovery_and_node_connections(cluster: Any) -> None:
+    """Cluster mode takes three things from redis-py: ``key_slot`` (the slot of
+    a key, hash tags included), ``NodesManager.initialize()`` and its
+    ``slots_cache`` (the slot map, from CLUSTER SLOTS), and each
+    ``ClusterNode``'s ``connection_class`` / ``connection_kwargs``, from which
+    ``redis_compat.node_connection_factory`` makes aiolock's own connections."""
+    from redis.asyncio.cluster import RedisCluster
+    from redis.crc import key_slot
+
+    assert key_slot(b"aiolock:{x}:fence") == key_slot(b"{x}") == key_slot(b"x"), (
+        f"{REDIS_PY}: key_slot no longer honours hash tags"
+    )
+    seed = RedisCluster.from_url(cluster.url)
+    try:
+        manager = seed.nodes_manager
+        await seed.initialize()  # (the first time; later refreshes: manager.initialize())
+        await manager.initialize()
+        cache = manager.slots_cache
+        assert len(cache) == 16384, f"{REDIS_PY}: slots_cache no longer maps every slot"
+        slot = key_slot(b"aiolock:{compat}")
+        node = cache[slot][0]
+        expected = cluster.master_for_slot(slot)
+        assert node.name == f"127.0.0.1:{expected.port}", (
+            f"{REDIS_PY}: slots_cache[slot][0] is no longer the slot's master"
+        )
+        conn = redis_compat.node_connection_factory(node, NAME)()
+        assert conn.client_name == NAME and conn.protocol == 2 and conn.socket_timeout is None
+        transport = await asyncio.wait_for(redis_compat.connect(conn), 10)
+        try:
+            replies = Replies()
+            transport.set_protocol(replies)
+            transport.write(pack((b"CLIENT", b"INFO")))
+            info = client_info(await replies.next())
+            assert info.get("name") == NAME, f"{REDIS_PY}: a node connection lost its name"
+        finally:
+            await asyncio.wait_for(redis_compat.disconnect(conn), 5)
+    finally:
+        await seed.aclose()

@@ -48,7 +48,7 @@ from typing import Any
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from .connection import CommandConnection, Orphan
 from .errors import (
@@ -57,7 +57,7 @@ from .errors import (
     UnsupportedServerError,
     from_redis,
 )
-from .futures import stop
+from .futures import retrieve, stop
 from .listener import Channel, Listener
 from .redis_compat import ConnectionFactory, node_connection_factory
 
@@ -100,8 +100,9 @@ class Topology:
     (one refresh at a time; callers share it).
     """
 
-    def __init__(self, cluster: RedisCluster, client_name: str) -> None:
+    def __init__(self, cluster: RedisCluster, client_name: str, timeout: float = 10.0) -> None:
         self._cluster = cluster
+        self.timeout = timeout
         self._client_name = client_name
         self._slots: list[str | None] = [None] * 16384
         self._nodes: dict[str, ClusterNode] = {}
@@ -154,28 +155,38 @@ class Topology:
 
     def refresh_soon(self) -> None:
         """Refresh the map in the background (a no-op while one runs)."""
-        if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.get_running_loop().create_task(
-                self._refresh(), name="aiolock-cluster-refresh"
-            )
+        self._start_refresh()
 
     async def refresh(self) -> None:
         """Ask the cluster for its slot map now (sharing a refresh under way)."""
-        if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.get_running_loop().create_task(
+        await asyncio.shield(self._start_refresh())
+
+    def _start_refresh(self) -> asyncio.Task[None]:
+        task = self._refreshing
+        if task is None or task.done():
+            task = self._refreshing = asyncio.get_running_loop().create_task(
                 self._refresh(), name="aiolock-cluster-refresh"
             )
-        await asyncio.shield(self._refreshing)
+            task.add_done_callback(retrieve)  # a background refresh's failure is logged
+        return task
 
     async def _refresh(self) -> None:
         manager = self._cluster.nodes_manager
         try:
-            await manager.initialize()
-        except (RedisError, OSError) as exc:
-            log.warning("aiolock: could not refresh the cluster's slot map: %s", exc)
+            # Bounded: a paused seed node would hold redis-py's discovery for ever.
+            async with asyncio.timeout(self.timeout):
+                if self.refreshes == 0:
+                    # The public initialize() (a no-op if the user's client ran it):
+                    # it also marks the client initialized, so that its
+                    # aclose() closes the node connections discovery opened.
+                    await self._cluster.initialize()
+                else:
+                    await manager.initialize()
+        except Exception as exc:  # redis-py's RedisClusterException is no RedisError
+            log.warning("aiolock: could not refresh the cluster's slot map: %r", exc)
             raise ConnectionFailedError(
-                f"could not read the cluster's slot map from any known node: {exc}. "
-                "Check that the cluster is up and reachable; aiolock retries"
+                f"could not read the cluster's slot map from any known node: {exc!r}. "
+                "Check that the cluster is up and reachable from here; aiolock retries"
             ) from exc
         slots: list[str | None] = [None] * 16384
         for slot, nodes in manager.slots_cache.items():
@@ -320,6 +331,9 @@ class _Command:
 
     def send(self, target: str | None = None, asking: bool = False) -> None:
         mux = self._mux
+        if mux._closed:
+            self._done(None, ClientClosedError("the aiolock Client was closed; create a new one"))
+            return
         name = target or mux.topology.node(self._slot)
         if name is None:  # the slot is not served (yet): as CLUSTERDOWN
             mux.topology.refresh_soon()

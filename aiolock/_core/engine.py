@@ -435,7 +435,7 @@ class Engine:
         master for commands and one for renewals, sharded pub/sub, the
         cluster variant of every script."""
         assert self._cluster_client is not None
-        topology = Topology(self._cluster_client, self._client_name)
+        topology = Topology(self._cluster_client, self._client_name, self.command_timeout)
         await topology.refresh()
         self.scripts = load_scripts(cluster=True)
         sources = {s.sha.encode(): s.source.encode() for s in self.scripts.values()}
