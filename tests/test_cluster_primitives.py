@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import pytest
@@ -30,6 +30,7 @@ from redis.crc import key_slot
 from aiolock import Client, LockNotOwnedError, LockTimeoutError
 from aiolock._core.listener import Listener
 from aiolock._core.scripts import load_scripts
+from tests.cluster_servers import ClusterProcess
 from tests.core_util import eventually
 
 #: The Clients' lease: a waiter that got the lock within a third of it was
@@ -96,21 +97,36 @@ class Nodes:
             await conn.aclose()
 
 
-@pytest.fixture
-async def nodes(cluster: Any) -> AsyncIterator[Nodes]:
+@asynccontextmanager
+async def _nodes(cluster: ClusterProcess) -> AsyncIterator[Nodes]:
     nodes = Nodes(cluster.url)
-    await nodes.load()
-    assert len(nodes.masters()) == 3
-    yield nodes
-    await nodes.aclose()
+    try:
+        await nodes.load()
+        assert len(nodes.masters()) == 3
+        yield nodes
+    finally:
+        await nodes.aclose()
+
+
+@pytest.fixture
+async def nodes(cluster: ClusterProcess) -> AsyncIterator[Nodes]:
+    """The shared cluster's servers (never faulted or migrated)."""
+    async with _nodes(cluster) as nodes:
+        yield nodes
+
+
+@pytest.fixture
+async def fresh_nodes(fresh_cluster: ClusterProcess) -> AsyncIterator[Nodes]:
+    """A cluster of this test's own, to migrate slots on."""
+    async with _nodes(fresh_cluster) as nodes:
+        yield nodes
 
 
 MakeClient = Callable[..., Awaitable[Client]]
 
 
-@pytest.fixture
-async def make(cluster: Any) -> AsyncIterator[MakeClient]:
-    """``await make(**options)``: a started cluster-mode Client on ``cluster``."""
+@asynccontextmanager
+async def _maker(cluster: ClusterProcess) -> AsyncIterator[MakeClient]:
     async with AsyncExitStack() as stack:
 
         async def make(**options: Any) -> Client:
@@ -120,6 +136,21 @@ async def make(cluster: Any) -> AsyncIterator[MakeClient]:
                 Client.from_url(cluster.url, cluster=True, **options)
             )
 
+        yield make
+
+
+@pytest.fixture
+async def make(cluster: ClusterProcess) -> AsyncIterator[MakeClient]:
+    """``await make(**options)``: a started cluster-mode Client on ``cluster``
+    (closed after the test)."""
+    async with _maker(cluster) as make:
+        yield make
+
+
+@pytest.fixture
+async def fresh_make(fresh_cluster: ClusterProcess) -> AsyncIterator[MakeClient]:
+    """``make`` on ``fresh_cluster``."""
+    async with _maker(fresh_cluster) as make:
         yield make
 
 
@@ -137,6 +168,8 @@ async def parked_on(waiter: Client, nodes: Nodes, master: str, channel: bytes | 
 
         def subscribed() -> bool:
             channels = engine.listener.channels
+            if channel is not None:
+                return channel in channels and channels[channel].is_confirmed
             return bool(channels) and all(c.is_confirmed for c in channels.values())
 
         await eventually(subscribed, what="the waiter's channels confirmed")
@@ -390,59 +423,95 @@ async def test_classic_publish_makes_two_holders(
         await held_b.release()
 
 
-# -- a slot migration under a parked waiter ----------------------------------------------------
+# -- a slot migration under a parked waiter (each on a cluster of its own) --------------------
 
 
-@pytest.mark.parametrize("release", ["after_rehome", "at_once"])
-async def test_waiter_follows_its_slot(make: MakeClient, nodes: Nodes, release: str) -> None:
+async def _migrate(cluster: ClusterProcess, slot: int, target: str) -> None:
+    """The harness's whole migration of ``slot`` to master ``target``, in a
+    thread: the Clients go on meanwhile, as they would."""
+    node = cluster.node_by_port(int(target.rpartition(":")[2]))
+    await asyncio.to_thread(cluster.migrate_slot, slot, node)
+
+
+async def _give_away(nodes: Nodes, slot: int, target: str) -> None:
+    """Move ``slot`` (and its keys) to master ``target`` and tell only the
+    source (it drops the slot's subscribers and redirects to the target)
+    while every other node, the target included, still names the source the
+    owner. ``_finish`` tells the others (CLUSTER SETSLOT allows this order)."""
+    source = nodes.slots[slot]
+    src, dst = nodes.node(source), nodes.node(target)
+    src_id = await src.execute_command("CLUSTER", "MYID")
+    dst_id = await dst.execute_command("CLUSTER", "MYID")
+    await dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+    await src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    host, _, port = target.rpartition(":")
+    while keys := await src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+        await src.execute_command("MIGRATE", host, port, "", 0, 5000, "KEYS", *keys)
+    await src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+
+async def _finish(nodes: Nodes, slot: int, target: str) -> None:
+    dst_id = await nodes.node(target).execute_command("CLUSTER", "MYID")
+    for name in [target, *(m for m in nodes.masters() if m != target)]:
+        await nodes.node(name).execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+
+async def _listens_on(client: Client, nodes: Nodes, master: str, channel: bytes) -> bool:
+    subscribed = client._engine.listener.channels.get(channel)
+    return (
+        subscribed is not None
+        and subscribed.is_confirmed
+        and await nodes.shard_subscribers(master, channel) == 1
+    )
+
+
+async def test_waiter_follows_its_slot(
+    fresh_cluster: ClusterProcess, fresh_make: MakeClient, fresh_nodes: Nodes
+) -> None:
     """B waits for a lock on master M (its sharded subscription on M); the slot
     moves to master T. M drops B's subscription (a server-sent sunsubscribe);
     B's listener re-homes the channel to T and B tries again. A's release,
-    right after the move or once B listens on T, gives B the lock at once,
+    once B listens on T or at once after the move, gives B the lock at once,
     well before A's hold would have expired."""
+    nodes = fresh_nodes
     source, target = nodes.masters()[0], nodes.masters()[1]
-    a, b = await make(), await make()
-    name = nodes.name_on(source, "moving")
-    slot = _slot(name)
-    held_a = await a.lock(name).acquire()
-    lock_b = b.lock(name)
-    channel = lock_b._names.wait_channel(b.id)
-    waiting = asyncio.ensure_future(lock_b.acquire())
-    try:
-        await parked_on(b, nodes, source, channel)
-        await _migrate(nodes, slot, target)
-        await nodes.load()
-        if release == "after_rehome":
-
-            async def rehomed() -> bool:
-                subscribed = b._engine.listener.channels.get(channel)
-                return (
-                    subscribed is not None
-                    and subscribed.is_confirmed
-                    and await nodes.shard_subscribers(target, channel) == 1
+    a, b = await fresh_make(), await fresh_make()
+    for stem, rehomed_first in (("moved", True), ("moving", False)):
+        name = nodes.name_on(source, stem)
+        held_a = await a.lock(name).acquire()
+        lock_b = b.lock(name)
+        channel = lock_b._names.wait_channel(b.id)
+        waiting = asyncio.ensure_future(lock_b.acquire())
+        try:
+            await parked_on(b, nodes, source, channel)
+            await _migrate(fresh_cluster, _slot(name), target)
+            await nodes.load()
+            if rehomed_first:
+                await eventually(
+                    lambda channel=channel: _listens_on(b, nodes, target, channel),
+                    what="B's channel re-homed to the slot's new master",
                 )
-
-            await eventually(rehomed, what="B's channel re-homed to the slot's new master")
-        await held_a.release()
-        async with asyncio.timeout(WOKEN):
-            held_b = await waiting
-    finally:
-        waiting.cancel()
-    assert await nodes.owners(target, f"cp:{{{name}}}") == [b.id]
-    assert held_b.fencing_token > held_a.fencing_token
-    assert await nodes.shard_subscribers(source, channel) == 0
-    await held_b.release()
+            await held_a.release()
+            async with asyncio.timeout(WOKEN):
+                held_b = await waiting
+        finally:
+            waiting.cancel()
+        assert await nodes.owners(target, f"cp:{{{name}}}") == [b.id]
+        assert held_b.fencing_token > held_a.fencing_token
+        assert await nodes.shard_subscribers(source, channel) == 0
+        await held_b.release()
 
 
-async def test_waiter_when_the_slot_map_lags(make: MakeClient, nodes: Nodes) -> None:
+async def test_waiter_when_the_slot_map_lags(fresh_make: MakeClient, fresh_nodes: Nodes) -> None:
     """The slot of B's channel moves, and the source is told first: it drops
     B's subscription while the other nodes still name it the owner, so the
     slot map B reads then still says "source" (the channel stays there, and
     the source refuses it with MOVED). B's listener keeps asking, at most a
     second apart, until the map agrees: once the move is finished, B listens
     on the new owner and gets the lock well before A's TTL."""
+    nodes = fresh_nodes
     source, target = nodes.masters()[1], nodes.masters()[2]
-    a, b = await make(), await make()
+    a, b = await fresh_make(), await fresh_make()
     name = nodes.name_on(source, "lag")
     held_a = await a.lock(name).acquire()
     lock_b = b.lock(name)
@@ -450,13 +519,15 @@ async def test_waiter_when_the_slot_map_lags(make: MakeClient, nodes: Nodes) -> 
     waiting = asyncio.ensure_future(lock_b.acquire())
     try:
         await parked_on(b, nodes, source, channel)
-        refreshes = b._engine.topology.refreshes
-        await _migrate(nodes, _slot(name), target, finish=False)
+        topology = b._engine.topology
+        assert topology is not None
+        refreshes = topology.refreshes
+        await _give_away(nodes, _slot(name), target)
 
         async def dropped() -> bool:
             return (
                 await nodes.shard_subscribers(source, channel) == 0
-                and b._engine.topology.refreshes > refreshes
+                and topology.refreshes > refreshes
             )
 
         await eventually(dropped, what="the source dropped B's channel and B read the map")
@@ -464,16 +535,11 @@ async def test_waiter_when_the_slot_map_lags(make: MakeClient, nodes: Nodes) -> 
         assert subscribed is not None and not subscribed.is_confirmed  # (the map lags)
         await _finish(nodes, _slot(name), target)
         await nodes.load()
-
-        async def rehomed() -> bool:
-            subscribed = b._engine.listener.channels.get(channel)
-            return (
-                subscribed is not None
-                and subscribed.is_confirmed
-                and await nodes.shard_subscribers(target, channel) == 1
-            )
-
-        await eventually(rehomed, timeout=WOKEN, what="B's channel on the slot's new master")
+        await eventually(
+            lambda: _listens_on(b, nodes, target, channel),
+            timeout=WOKEN,
+            what="B's channel on the slot's new master",
+        )
         await held_a.release()
         async with asyncio.timeout(WOKEN):
             held_b = await waiting
@@ -482,83 +548,22 @@ async def test_waiter_when_the_slot_map_lags(make: MakeClient, nodes: Nodes) -> 
     await held_b.release()
 
 
-async def test_lingering_channel_moved_is_dropped(make: MakeClient, nodes: Nodes) -> None:
-    """A channel nobody waits on any more (it lingers, subscribed, after its
-    waiter got the lock) whose slot moves is dropped, not carried to the new
-    master for ever."""
-    source, target = nodes.masters()[0], nodes.masters()[2]
-    a, b = await make(), await make()
-    name = nodes.name_on(source, "linger")
-    held_a = await a.lock(name).acquire()
-    lock_b = b.lock(name)
-    channel = lock_b._names.wait_channel(b.id)
-    held_b = await _handoff(lock_b.acquire, held_a.release, b, nodes, source, channel)
-    lingering = b._engine.listener.channels.get(channel)
-    assert lingering is not None and lingering.refs == 0  # (Listener.LINGER)
-    await _migrate(nodes, _slot(name), target)
+async def test_slot_moves_away_and_back(
+    fresh_cluster: ClusterProcess, fresh_make: MakeClient, fresh_nodes: Nodes
+) -> None:
+    """The slot of B's channel moves away and back.
 
-    async def dropped() -> bool:
-        return (
-            channel not in b._engine.listener.channels
-            and await nodes.shard_subscribers(target, channel) == 0
-            and await nodes.shard_subscribers(source, channel) == 0
-        )
-
-    await eventually(dropped, what="the lingering channel dropped everywhere")
-    await held_b.release()
-
-
-# TEMP (until the harness lands): the ad-hoc cluster on 19400-19405.
-class _AdHoc:
-    url = "redis://127.0.0.1:19400"
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[_AdHoc]:
-    nodes = Nodes(_AdHoc.url)
-    await nodes.load()
-    for master in nodes.masters():
-        await nodes.node(master).flushall()
-    await nodes.aclose()
-    yield _AdHoc()
-
-
-async def _migrate(nodes: Nodes, slot: int, target: str, *, finish: bool = True) -> None:
-    """Move ``slot`` (and its keys) to master ``target``. ``finish=False``: only
-    the source is told the slot is the target's (it drops the slot's
-    subscribers and redirects to the target) while every other node, the
-    target included, still names the source the owner; ``_finish`` tells them."""
-    source = nodes.slots[slot]
-    src, dst = nodes.node(source), nodes.node(target)
-    dst_id = await dst.execute_command("CLUSTER", "MYID")
-    await dst.execute_command(
-        "CLUSTER", "SETSLOT", slot, "IMPORTING", await src.execute_command("CLUSTER", "MYID")
-    )
-    await src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
-    host, _, port = target.rpartition(":")
-    while keys := await src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
-        await src.execute_command("MIGRATE", host, port, "", 0, 5000, "KEYS", *keys)
-    if finish:
-        await dst.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
-    await src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
-    if finish:
-        await _finish(nodes, slot, target)
-
-
-async def _finish(nodes: Nodes, slot: int, target: str) -> None:
-    dst = nodes.node(target)
-    dst_id = await dst.execute_command("CLUSTER", "MYID")
-    for name in nodes.masters():
-        await nodes.node(name).execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
-
-
-async def test_waiter_after_slot_moves_back(make: MakeClient, nodes: Nodes) -> None:
-    """The slot of B's channel moves away and back: the SUNSUBSCRIBE B's
-    listener sent the old master when the channel moved (answered by MOVED,
-    which names no channel) leaves no reply expected there, so a later wait
-    on that master is confirmed at once and woken by the release."""
+    * Away, while B waits: B follows it (as above).
+    * Back, while B's channel lingers (B got the lock; nobody waits on the
+      channel any more): the channel is dropped, not carried to the new
+      master for ever.
+    * The SUNSUBSCRIBE B's listener sent the first master when the channel
+      moved away was answered by MOVED (an error names no channel): no reply
+      is left expected there, so B's next wait on that master is confirmed at
+      once and woken by the release."""
+    nodes = fresh_nodes
     home, away = nodes.masters()[1], nodes.masters()[2]
-    a, b = await make(), await make()
+    a, b = await fresh_make(), await fresh_make()
     name = nodes.name_on(home, "back")
     slot = _slot(name)
     lock_a, lock_b = a.lock(name), b.lock(name)
@@ -567,18 +572,28 @@ async def test_waiter_after_slot_moves_back(make: MakeClient, nodes: Nodes) -> N
     waiting = asyncio.ensure_future(lock_b.acquire())
     try:
         await parked_on(b, nodes, home, channel)
-        await _migrate(nodes, slot, away)
+        await _migrate(fresh_cluster, slot, away)
         await nodes.load()
-        await parked_on(b, nodes, away, channel)  # re-homed
+        await eventually(lambda: _listens_on(b, nodes, away, channel), what="B on the new master")
         await held_a.release()
         async with asyncio.timeout(WOKEN):
             held_b = await waiting
     finally:
         waiting.cancel()
     await held_b.release()
-    await eventually(lambda: channel not in b._engine.listener.channels, what="channel dropped")
-    await _migrate(nodes, slot, home)
+    lingering = b._engine.listener.channels.get(channel)
+    assert lingering is not None and lingering.refs == 0  # (Listener.LINGER)
+    await _migrate(fresh_cluster, slot, home)
     await nodes.load()
+
+    async def dropped() -> bool:
+        return (
+            channel not in b._engine.listener.channels
+            and await nodes.shard_subscribers(away, channel) == 0
+            and await nodes.shard_subscribers(home, channel) == 0
+        )
+
+    await eventually(dropped, what="the lingering channel dropped everywhere")
     held_a = await lock_a.acquire()
     second = await _handoff(lock_b.acquire, held_a.release, b, nodes, home, channel)
     assert second.fencing_token > held_a.fencing_token
