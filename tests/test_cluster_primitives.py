@@ -19,6 +19,7 @@ asked of the servers themselves, never of the Client under test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -28,6 +29,7 @@ import redis.asyncio as aioredis
 from redis.crc import key_slot
 
 from aiolock import Client, LockNotOwnedError, LockTimeoutError
+from aiolock._core.cluster import ShardedListener
 from aiolock._core.listener import Listener
 from aiolock._core.scripts import load_scripts
 from tests.cluster_servers import ClusterProcess
@@ -421,6 +423,60 @@ async def test_classic_publish_makes_two_holders(
         assert owners == [b.id]
         assert held_c is None
         await held_b.release()
+
+
+async def test_no_grant_from_a_replica(
+    cluster: ClusterProcess, make: MakeClient, nodes: Nodes
+) -> None:
+    """A replica accepts SSUBSCRIBE for its master's slots and passes the
+    master's SPUBLISH messages on, but the master's SPUBLISH does not count
+    its subscribers. B's listener is made to hold its channel on the replica
+    of the lock's master (as a stale slot map would, after a failover that
+    left the old master a replica): it asks the node its role first, so it
+    never subscribes there; the channel goes to the master, and A's release
+    grants the lock to B in Redis too. (Subscribed on the replica, B would
+    take a grant the script skipped, and C would take the lock too.)"""
+    replicated = {}
+    for name in nodes.masters():
+        with contextlib.suppress(KeyError):
+            node = cluster.replica_of(cluster.node_by_port(int(name.rpartition(":")[2])))
+            replicated[name] = f"127.0.0.1:{node.port}"
+    master, replica = sorted(replicated.items())[0]
+
+    async def linked() -> bool:
+        info = await nodes.node(replica).info("replication")
+        return bool(info.get("master_link_status") == "up")
+
+    await eventually(linked, what="the replica in sync with its master")
+    a, b, c = await make(), await make(), await make()
+    name = nodes.name_on(master, "replica")
+    held_a = await a.lock(name).acquire()
+    lock_b = b.lock(name)
+    assert await lock_b.is_locked()  # (B's mode is settled: cluster)
+    channel = lock_b._names.wait_channel(b.id)
+    listener = b._engine.listener
+    assert isinstance(listener, ShardedListener)
+    pinned = listener._listener(replica).register(channel)
+    waiting = asyncio.ensure_future(lock_b.acquire())
+    try:
+
+        def parked() -> bool:
+            subscribed = listener.channels.get(channel)
+            return subscribed is not None and subscribed.is_confirmed and subscribed.parked == 1
+
+        await eventually(parked, what="B parked on its confirmed channel")
+        await held_a.release()
+        async with asyncio.timeout(WOKEN):
+            held_b = await waiting
+    finally:
+        waiting.cancel()
+    owners = await nodes.owners(master, f"cp:{{{name}}}")
+    held_c = await c.lock(name).try_acquire()
+    assert owners == [b.id] and held_c is None, "two holders: B took a grant from the replica"
+    assert await nodes.shard_subscribers(replica, channel) == 0
+    assert await nodes.shard_subscribers(master, channel) == 1
+    listener.unregister(pinned)
+    await held_b.release()
 
 
 # -- a slot migration under a parked waiter (each on a cluster of its own) --------------------

@@ -438,8 +438,19 @@ class ShardedListener:
     channel with a ``sunsubscribe``, refuses it with ``MOVED``, or a slot map
     refresh shows it), its channels move, waiters and all, to the new
     master's listener; once subscribed there, their waiters are woken to try
-    again, since a release may have been published meanwhile. No waiter
-    hangs: every wait is bounded by the holder's TTL besides.
+    again, since a release may have been published meanwhile. A channel that
+    was refused or dropped and that the map (which may lag the cluster for a
+    moment) keeps where it is, is subscribed again, at most a second apart,
+    until a node takes it; a lingering channel (nobody waits on it) whose slot
+    moved is dropped. No waiter hangs: every wait is bounded by the holder's
+    TTL besides.
+
+    Safety: a grant goes to a Client only if the script's ``SPUBLISH`` counts
+    it, and SPUBLISH counts the subscribers of the node that ran it. This
+    listener subscribes on masters only (never with ``READONLY``: a replica
+    refuses ``SSUBSCRIBE`` with ``MOVED``), so it never receives a grant that
+    the script did not count (classic pub/sub would: see ``_cluster_source``
+    in scripts.py and tests/test_cluster_primitives.py).
     """
 
     def __init__(self, topology: Topology, *, on_reset: Callable[[], None] | None = None) -> None:
@@ -553,9 +564,12 @@ class ShardedListener:
                 delay = min(delay * 2, 1.0)
                 continue
             self.rehome()
-            for listener in list(self._listeners.values()):
+            listeners = list(self._listeners.values())
+            for listener in listeners:
                 listener.resubscribe()
             self._last_round = loop.time()
+            if any(listener.replica and listener.channels for listener in listeners):
+                loop.call_soon(self.moved)  # another round, until the map moves them
             return
 
     def rehome(self) -> None:

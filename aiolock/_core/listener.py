@@ -56,6 +56,9 @@ WAKE_ONE = b"1"
 WAKE_ALL = b"*"
 _PING = pack((b"PING",))
 _REDIRECT = re.compile(r"(?:MOVED|ASK) (\d+) ")
+_ROLE = pack((b"ROLE",))
+#: ``_order``'s entry for a ROLE (no channel name is empty).
+_ROLE_DUE = (b"", False)
 
 
 class Channel:
@@ -244,6 +247,16 @@ class Listener:
         # error, which names no channel). Matching replies to it tells a
         # server-sent sunsubscribe from a reply and an error from whom.
         self._order: deque[tuple[bytes, bool]] = deque()
+        # Sharded mode: whether this link's node said it is a master. A
+        # replica accepts SSUBSCRIBE for its master's slots and passes on the
+        # master's SPUBLISH messages, but the master's SPUBLISH does not count
+        # its subscribers: a grant received there is one the script never
+        # recorded (two holders). So each session asks ROLE first, and
+        # subscribes (and acts on messages) only once the node says "master".
+        self._master = not sharded
+        #: Sharded mode: the node said it is a replica (its channels wait for
+        #: the slot map to move them; see ShardedListener).
+        self.replica = False
         self._link: Link | None = None  # the connection, once connected
         # (Un)subscriptions of this loop iteration, sent together at its end
         # (100,000 waiters cancelled at once unsubscribe 1,000 channels in one
@@ -360,6 +373,8 @@ class Listener:
         if link is None:
             return  # (re)connecting: the session subscribes the whole set
         subscribe = command == self._subscribe
+        if subscribe and not self._master:
+            return  # subscribed once the node says it is a master (_role)
         for name in names:
             self._expect.setdefault(name, deque()).append(subscribe)
             if self.sharded:
@@ -375,13 +390,48 @@ class Listener:
         self._batch_link = link
         asyncio.get_running_loop().call_soon(self._flush)
 
+    def _ask_role(self) -> None:
+        """Sharded mode: ask the node its role (ROLE), in order with the
+        (un)subscriptions; nothing is subscribed until it answers "master"."""
+        link = self._link
+        if link is None:
+            return
+        self._master = False
+        self._order.append(_ROLE_DUE)
+        if self._batch and self._batch_link is link:
+            self._batch.append((b"ROLE", [b""]))
+            return
+        self._batch = [(b"ROLE", [b""])]
+        self._batch_link = link
+        asyncio.get_running_loop().call_soon(self._flush)
+
+    def _role(self, master: bool) -> None:
+        """The node answered ROLE: a master's link subscribes every channel; a
+        replica's subscribes none (see ``_master``) and asks for a fresh slot map."""
+        self.replica = not master
+        if master:
+            self._master = True
+            if self._channels:
+                self._send(self._subscribe, list(self._channels))
+            return
+        log.warning(
+            "aiolock listener: a node the slot map names a master is a replica now; "
+            "its channels wait for the map to move them"
+        )
+        if self._on_moved is not None:
+            self._on_moved()
+
     def _flush(self) -> None:
         batch, self._batch = self._batch, []
         link, self._batch_link = self._batch_link, None
         if link is None or link is not self._link:
             return  # the connection went: the next session subscribes the whole set
         if self.sharded:  # one command per channel: a sharded command's channels share a slot
-            data = b"".join(pack((command, name)) for command, names in batch for name in names)
+            data = b"".join(
+                _ROLE if command == b"ROLE" else pack((command, name))
+                for command, names in batch
+                for name in names
+            )
         else:
             data = b"".join(pack((command, *names)) for command, names in batch)
         try:
@@ -435,7 +485,9 @@ class Listener:
             lambda link: _PubSubProtocol(self, link, ended), self._health_interval * 2
         )
         self._ping_outstanding = False
-        if self._channels:
+        if self.sharded:
+            self._ask_role()  # subscribes once the node says it is a master
+        elif self._channels:
             self._send(self._subscribe, list(self._channels))
         self._health_handle = loop.call_later(self._health_interval, self._health_check)
         try:
@@ -492,6 +544,11 @@ class Listener:
         ``_dispatch``, a server-sent sunsubscribe taken for its reply.)"""
         if not self._order:
             return
+        if self._order[0] is _ROLE_DUE:  # ROLE refused: the link is still subscribed somewhere
+            self._order.popleft()
+            if self._link is not None:
+                self._link.abort()  # the next session asks first
+            return
         name, _ = self._order[0]
         match = _REDIRECT.match(error)
         if match is not None and int(match.group(1)) != key_slot(name):
@@ -503,15 +560,26 @@ class Listener:
             if not expect:
                 del self._expect[name]
 
-    def _dropped(self, name: bytes) -> None:
+    def _dropped(self, name: bytes, left: object = None) -> None:
         """A sunsubscribe nobody asked for: the server dropped the channel (its
-        slot moved, a failover). Listen again where the slot is now."""
+        slot moved, a failover). Listen again where the slot is now.
+
+        ``left``: the subscriptions the link has left. None left (sharded
+        mode): the node may have been made a replica (it drops every
+        subscription then), so it is asked its role again before anything
+        more is subscribed on the link (ROLE is allowed again on a link with
+        no subscription)."""
         channel = self._channels.get(name)
         if channel is not None:
             channel.set_confirmed(False)
             channel.resync = True
             if self._on_moved is not None:
                 self._on_moved()
+        if self.sharded and left == 0 and self._master:
+            for other in self._channels.values():
+                other.set_confirmed(False)
+                other.resync = True
+            self._ask_role()
 
     def _dispatch(self, reply: object) -> None:
         if not isinstance(reply, list) or not reply:
@@ -521,6 +589,13 @@ class Listener:
                 self._ping_outstanding = False
             return
         kind = reply[0]
+        if self.sharded and self._order and self._order[0] is _ROLE_DUE:
+            if kind in (b"master", b"slave", b"replica", b"sentinel"):
+                self._order.popleft()
+                self._role(kind == b"master")
+                return
+        if kind == b"smessage" and not self._master:
+            return  # never acted on: see _master
         if kind == b"message" or kind == b"smessage":
             channel = self._channels.get(reply[1])
             if channel is not None:
@@ -532,7 +607,7 @@ class Listener:
                 if order and order[0] == (name, kind == b"ssubscribe"):
                     order.popleft()  # the reply to the first command due
                 elif kind == b"sunsubscribe":
-                    self._dropped(name)  # not a reply: the server dropped it
+                    self._dropped(name, reply[2] if len(reply) > 2 else None)  # server-sent
                     return
             expect = self._expect.get(name)
             if not expect and kind == b"sunsubscribe":
