@@ -654,3 +654,49 @@ async def test_slot_moves_away_and_back(
     second = await _handoff(lock_b.acquire, held_a.release, b, nodes, home, channel)
     assert second.fencing_token > held_a.fencing_token
     await second.release()
+
+
+async def test_waiter_across_a_manual_failover(
+    fresh_cluster: ClusterProcess, fresh_make: MakeClient, fresh_nodes: Nodes
+) -> None:
+    """B waits for a lock on master M; CLUSTER FAILOVER on M's replica R. M,
+    a replica now, drops B's subscription; B's listener asks M its role
+    (replica: nothing is subscribed there again), re-homes the channel to R,
+    and B gets the lock when A releases, well before A's TTL. B's listener
+    had a link to R already, from when R was a replica (a channel of the
+    name's slot pinned there, as a stale map would): R is asked again, and
+    says master now."""
+    nodes = fresh_nodes
+    master = nodes.masters()[0]
+    node = fresh_cluster.replica_of(fresh_cluster.node_by_port(int(master.rpartition(":")[2])))
+    replica = f"127.0.0.1:{node.port}"
+    a, b = await fresh_make(), await fresh_make()
+    name = nodes.name_on(master, "failover")
+    held_a = await a.lock(name).acquire()
+    lock_b = b.lock(name)
+    assert await lock_b.is_locked()  # (B's mode is settled: cluster)
+    listener = b._engine.listener
+    assert isinstance(listener, ShardedListener)
+    pinned = listener._listener(replica).register(f"cp:{{{name}}}:pinned".encode())
+    await eventually(lambda: pinned.is_confirmed, what="the pinned channel moved to the master")
+    channel = lock_b._names.wait_channel(b.id)
+    waiting = asyncio.ensure_future(lock_b.acquire())
+    try:
+        await parked_on(b, nodes, master, channel)
+        await asyncio.to_thread(fresh_cluster.manual_failover, node)
+        await nodes.load()
+        assert nodes.slots[_slot(name)] == replica
+        await eventually(
+            lambda: _listens_on(b, nodes, replica, channel),
+            timeout=WOKEN,
+            what="B's channel on the promoted replica",
+        )
+        await held_a.release()
+        async with asyncio.timeout(WOKEN):
+            held_b = await waiting
+    finally:
+        waiting.cancel()
+    assert await nodes.owners(replica, f"cp:{{{name}}}") == [b.id]
+    assert held_b.fencing_token > held_a.fencing_token
+    listener.unregister(pinned)
+    await held_b.release()

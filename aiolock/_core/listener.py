@@ -314,7 +314,13 @@ class Listener:
         """Subscribe again each channel that is not confirmed and has no reply
         due (cluster mode: a node refused it, with MOVED or CLUSTERDOWN, or
         dropped it, and the slot map says it belongs here after all). Its
-        waiters are woken once it is confirmed."""
+        waiters are woken once it is confirmed. On a link whose node said it
+        is a replica, the node is asked its role again instead (it may have
+        been made a master since)."""
+        if not self._master:
+            if self._channels:
+                self._send(self._subscribe, [])  # (asks the role again: see _send)
+            return
         for name, channel in self._channels.items():
             if not channel.is_confirmed and not self._expect.get(name):
                 channel.resync = True
@@ -374,7 +380,11 @@ class Listener:
             return  # (re)connecting: the session subscribes the whole set
         subscribe = command == self._subscribe
         if subscribe and not self._master:
-            return  # subscribed once the node says it is a master (_role)
+            # Subscribed once the node says it is a master (_role). It said
+            # "replica" last time: ask again (it may have been made a master).
+            if self.replica and _ROLE_DUE not in self._order:
+                self._ask_role()
+            return
         for name in names:
             self._expect.setdefault(name, deque()).append(subscribe)
             if self.sharded:
