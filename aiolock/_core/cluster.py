@@ -446,11 +446,13 @@ class ShardedListener:
     TTL besides.
 
     Safety: a grant goes to a Client only if the script's ``SPUBLISH`` counts
-    it, and SPUBLISH counts the subscribers of the node that ran it. This
-    listener subscribes on masters only (never with ``READONLY``: a replica
-    refuses ``SSUBSCRIBE`` with ``MOVED``), so it never receives a grant that
-    the script did not count (classic pub/sub would: see ``_cluster_source``
-    in scripts.py and tests/test_cluster_primitives.py).
+    it, and SPUBLISH counts the subscribers of the node that ran it, a
+    master. A replica accepts ``SSUBSCRIBE`` for its master's slots and
+    relays the master's messages, uncounted; so each sharded link asks its
+    node ``ROLE`` first and subscribes (and acts on messages) only on a
+    master (see ``Listener._master``): this listener never takes a grant the
+    script did not count (classic pub/sub would: see ``_cluster_source`` in
+    scripts.py and tests/test_cluster_primitives.py).
     """
 
     def __init__(self, topology: Topology, *, on_reset: Callable[[], None] | None = None) -> None:
