@@ -31,6 +31,8 @@ LIBS = (
     "asyncio.Lock",
 )
 THREAD_LIBS = frozenset({"python-redis-lock"})
+#: The libraries that run on a Redis Cluster (the cluster section runs these only).
+CLUSTER_LIBS = ("aiolock", "redis-py")
 NO_REDIS = frozenset({"asyncio.Lock"})
 #: Pool headroom on top of one connection per task, for redis-py based peers.
 POOL_HEADROOM = 16
@@ -48,10 +50,13 @@ _MODULES = {
 
 #: Connection set-up and health commands: requests, but not per acquisition.
 SETUP = frozenset(
-    {"client|setinfo", "client|setname", "hello", "select", "auth", "ping", "script|load"}
-)
+    {"client|setinfo", "client|setname", "hello", "select", "auth", "ping", "script|load",
+     "cluster|slots", "cluster|shards", "command", "readonly"}
+)  # fmt: skip
 DIRECT: dict[str, frozenset[str]] = {
-    "aiolock": frozenset({"evalsha", "eval", "subscribe", "unsubscribe"}),
+    "aiolock": frozenset(
+        {"evalsha", "eval", "subscribe", "unsubscribe", "ssubscribe", "sunsubscribe", "asking"}
+    ),
     "redis-py": frozenset({"set", "evalsha", "eval"}),
     "redis-py-10ms": frozenset({"set", "evalsha", "eval"}),
     "python-redis-lock": frozenset({"set", "get", "blpop", "evalsha", "eval"}),
@@ -136,10 +141,12 @@ class AiolockLib:
     #: CLIENT LIST name prefix of the library's own connections (None: all but the harness').
     conn_prefix = None
 
-    async def open(self, url: str, tasks: int, lease: float = 30.0) -> None:
+    async def open(
+        self, url: str, tasks: int, lease: float = 30.0, cluster: bool | None = False
+    ) -> None:
         import aiolock
 
-        self.client = aiolock.Client.from_url(url, prefix="bench", lease=lease)
+        self.client = aiolock.Client.from_url(url, prefix="bench", lease=lease, cluster=cluster)
         await self.client.__aenter__()
         self._locks: dict[str, Any] = {}
 
@@ -176,18 +183,26 @@ class RedisPyLib:
     def __init__(self, sleep: float) -> None:
         self.sleep = sleep
 
-    async def open(self, url: str, tasks: int, lease: float = 30.0) -> None:
+    async def open(self, url: str, tasks: int, lease: float = 30.0, cluster: bool = False) -> None:
         import redis.asyncio as aioredis
 
+        self.lease = lease
+        self.pool: Any = None
+        self.redis: Any
+        if cluster:  # a pool per node, made by the cluster client itself
+            self.redis = aioredis.RedisCluster.from_url(url, max_connections=tasks + POOL_HEADROOM)
+            await self.redis.initialize()
+            return
         self.pool = aioredis.ConnectionPool.from_url(url, max_connections=tasks + POOL_HEADROOM)
         self.redis = aioredis.Redis(connection_pool=self.pool)
-        self.lease = lease
 
     def lock(self, name: str) -> Any:
         return self.redis.lock(name, timeout=self.lease, sleep=self.sleep, thread_local=False)
 
     async def prewarm(self, tasks: int) -> None:
         """Open one connection per task before the clock starts (as a warm service would have)."""
+        if self.pool is None:  # a cluster: its per-node pools fill up in the warm-up
+            return
         conns = await asyncio.gather(*(self.pool.get_connection() for _ in range(tasks)))
         for conn in conns:
             await self.pool.release(conn)
@@ -204,7 +219,8 @@ class RedisPyLib:
 
     async def close(self) -> None:
         await self.redis.aclose()
-        await self.pool.aclose()
+        if self.pool is not None:
+            await self.pool.aclose()
 
 
 class PotteryLib(RedisPyLib):

@@ -143,6 +143,7 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
             tokens_checked = 0
             cancelled = 0
             conns: list[Any] = []
+            client_cpu = server_cpu = 0.0
             for procs in results:
                 counts = [c for r in procs for c in r["counts"]]
                 elapsed = procs[0]["elapsed_s"]
@@ -160,6 +161,8 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
                 tokens_checked += sum(r["tokens_checked"] for r in procs)
                 cancelled += sum(r["cancelled"] for r in procs)
                 conns.append(procs[0].get("connections"))
+                client_cpu += sum(r.get("client_cpu_s", math.nan) for r in procs)
+                server_cpu += procs[0].get("server_cpu_s") or math.nan
             entry = {
                 "acq_per_s": statistics.median(rates),
                 "rounds": rates,
@@ -168,6 +171,10 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
                 "tokens_increasing": tokens_ok if tokens_checked else None,
                 "cancelled_at_end": cancelled,
                 "connections": conns[-1],
+                # CPU time in the measured window per acquisition: the library's processes,
+                # and the server's (a cluster's: every node's, replicas too).
+                "client_cpu_us_per_acq": _div(client_cpu * 1e6, total_acq),
+                "server_cpu_us_per_acq": _div(server_cpu * 1e6, total_acq),
             } | worst
             entry |= per_acquisition(lib, merge_stats(stats_list), total_acq)
             s["throughput"].setdefault(variant, {}).setdefault(lib, {})[loop] = entry
@@ -213,6 +220,10 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
                 f"floor p99 is {f['raw_ping']['p99'] / f['raw_ping']['p50']:.0f}x its p50 on "
                 "this loop: machine noise, read this p99 ratio with care"
             )
+    if any(run["scenario"].startswith("cluster_") for run in raw["runs"]):
+        from benchmarks import _report_cluster
+
+        s["cluster"] = _report_cluster.summarise(raw, summarise)
     return s
 
 
@@ -595,6 +606,11 @@ def markdown(s: dict[str, Any], plots: list[str]) -> str:
                 f"{w['calls_per_interval']:.1f} | {w['inner_calls']} | {w['lag_p50_ms']:.2f} ms | "
                 f"{w['lag_p99_ms']:.2f} ms | {w['lag_max_ms']:.1f} ms | {w['idle_lag_p99_ms']:.2f} ms | {w['lost']} |")  # fmt: skip
         add("")
+
+    if s.get("cluster"):
+        from benchmarks import _report_cluster
+
+        L.extend(_report_cluster.markdown(s["cluster"]))
 
     if plots:
         add("## Plots\n")

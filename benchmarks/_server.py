@@ -8,6 +8,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,10 @@ ADMIN_COMMANDS = frozenset(
         "flushall",
         "script|flush",
         "memory|usage",
+        "cluster|info",
+        "cluster|nodes",
+        "pubsub|shardchannels",
+        "replconf",  # a replica's acknowledgements to its master
     }
 )
 
@@ -43,7 +48,13 @@ def free_port() -> int:
 class Server:
     """A private redis-server (or valkey-server) process for one benchmark run."""
 
-    def __init__(self, binary: str | None = None) -> None:
+    def __init__(
+        self,
+        binary: str | None = None,
+        *,
+        extra_args: tuple[str, ...] = (),
+        pick_port: Callable[[], int] | None = None,
+    ) -> None:
         found = binary or os.environ.get("AIOLOCK_BENCH_SERVER") or shutil.which("redis-server")
         if not found:
             raise RuntimeError(
@@ -54,6 +65,8 @@ class Server:
         self.dir = Path(tempfile.mkdtemp(prefix="aiolock-bench-"))
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
+        self.extra_args = extra_args
+        self.pick_port = pick_port or free_port
 
     @property
     def url(self) -> str:
@@ -61,7 +74,7 @@ class Server:
 
     def start(self) -> None:
         for _attempt in range(5):
-            self.port = free_port()
+            self.port = self.pick_port()
             args = [
                 self.binary,
                 "--port", str(self.port),
@@ -72,6 +85,7 @@ class Server:
                 "--logfile", str(self.dir / "server.log"),
                 "--maxclients", "16000",
                 "--protected-mode", "no",
+                *self.extra_args,
             ]  # fmt: skip
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             deadline = time.monotonic() + 10

@@ -69,6 +69,14 @@ def read_stats(admin: redis.Redis) -> dict[str, int]:
     return out
 
 
+def server_cpu(admin: Any) -> float:
+    """CPU seconds the server used so far (a cluster's: every node's, replicas too)."""
+    if hasattr(admin, "cpu_seconds"):
+        return float(admin.cpu_seconds())
+    info = admin.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
 def us(ns: list[int]) -> list[float]:
     return [round(x / 1000, 2) for x in ns]
 
@@ -352,29 +360,32 @@ def handoff_thread(
 async def throughput(
     lib: Any, name: str, admin: redis.Redis, p: dict[str, Any], start_ns: int
 ) -> dict[str, Any]:
-    """``tasks`` tasks hammer one lock with an empty critical section."""
+    """``tasks`` tasks on ``names`` locks (task i on name i mod names), empty critical section."""
     n = p["tasks"]
+    names = p.get("names", 1)
     counts = [0] * n
-    tokens: list[tuple[int, int]] = []
+    tokens: list[list[tuple[int, int]]] = [[] for _ in range(names)]
     w_start = start_ns + int(p["warmup"] * NS)
-    state = {"holder": -1, "violations": 0, "open": False}
+    holders = [-1] * names
+    state = {"violations": 0, "open": False}
     leader = p.get("leader", True)
     stats: dict[str, Any] = {}
 
     async def worker(i: int) -> None:
-        h = lib.lock(p["key"])
+        j = i % names
+        h = lib.lock(p["key"] if names == 1 else f"{p['key']}:{j}")
         await sleep_until(start_ns)
         while True:
             token = await lib.acquire(h)
-            if state["holder"] != -1:
+            if holders[j] != -1:
                 state["violations"] += 1
-            state["holder"] = i
+            holders[j] = i
             if state["open"]:
                 counts[i] += 1
                 if token is not None:
-                    tokens.append((now(), token))
+                    tokens[j].append((now(), token))
             await asyncio.sleep(0)  # the critical section awaits once
-            state["holder"] = -1
+            holders[j] = -1
             await lib.release(h)
 
     async def meter() -> None:
@@ -384,12 +395,16 @@ async def throughput(
         await sleep_until(w_start)
         if leader:
             reset_stats(admin)
+            cpu0 = server_cpu(admin)
         stats["t0"] = now()
+        client0 = time.process_time()
         state["open"] = True
         await asyncio.sleep(p["duration"])
         state["open"] = False
         stats["t1"] = now()
+        stats["client_cpu_s"] = time.process_time() - client0
         if leader:
+            stats["server_cpu_s"] = server_cpu(admin) - cpu0
             stats["cmdstats"] = read_stats(admin)
             stats["connections"] = connection_counts(admin, lib.conn_prefix)
 
@@ -399,17 +414,18 @@ async def throughput(
     # The window is over: stop everyone now (waiting for each task to get the
     # lock once more would take seconds with a polling lock and 1,000 tasks).
     cancelled = await finish(tasks, 0)
-    tokens.sort()
-    increasing = all(a[1] < b[1] for a, b in itertools.pairwise(tokens))
+    increasing = all(a[1] < b[1] for ts in tokens for a, b in itertools.pairwise(sorted(ts)))
     return {
         "counts": counts,
         "elapsed_s": (stats["t1"] - stats["t0"]) / NS,
         "violations": state["violations"],
-        "tokens_checked": len(tokens),
+        "tokens_checked": sum(map(len, tokens)),
         "tokens_increasing": increasing,
         "cancelled": cancelled,
         "cmdstats": stats.get("cmdstats", {}),
         "connections": stats.get("connections"),
+        "client_cpu_s": stats["client_cpu_s"],
+        "server_cpu_s": stats.get("server_cpu_s"),
     }
 
 
@@ -645,6 +661,94 @@ async def watchdog(
     }
 
 
+# --------------------------------------------------------------------------- cluster
+
+
+async def failover(url: str, p: dict[str, Any]) -> dict[str, Any]:
+    """Acquisitions of names on a master's slots across its SIGKILL (cluster section).
+
+    Before ``ready`` every name has been taken and released once (the
+    connections and the slot map are warm). The orchestrator SIGKILLs the
+    master and sends ``go`` with the kill's time. Then, at once: ``waiter``
+    makes one ``acquire()`` call (the library's own recovery, within a 30 s
+    timeout), ``retrier`` calls ``acquire(timeout=0.25)`` again and again (a
+    caller retrying on every error). Both report seconds from the kill.
+    """
+    import aiolock
+
+    async with aiolock.Client.from_url(url, prefix="bench", lease=p["lease"], cluster=True) as c:
+        for name in (p["waiter"], p["retrier"]):
+            lease = await c.lock(name).acquire(timeout=10)
+            await lease.release()
+        send_ready()
+        killed_ns = wait_go()
+        out: dict[str, Any] = {"errors": {}, "timeout": p["timeout"]}
+
+        async def waiter() -> None:
+            try:
+                lease = await c.lock(p["waiter"]).acquire(timeout=p["timeout"])
+            except aiolock.AiolockError as exc:
+                out["waiter_error"] = repr(exc)
+                return
+            out["waiter_s"] = (now() - killed_ns) / NS
+            await lease.release()
+
+        async def retrier() -> None:
+            deadline = killed_ns + int(p["timeout"] * NS)
+            while now() < deadline:
+                try:
+                    lease = await c.lock(p["retrier"]).acquire(timeout=0.25)
+                except (aiolock.AiolockError, TimeoutError) as exc:
+                    kind = type(exc).__name__
+                    out["errors"][kind] = out["errors"].get(kind, 0) + 1
+                    await asyncio.sleep(0.005)
+                    continue
+                out["retrier_s"] = (now() - killed_ns) / NS
+                await lease.release()
+                return
+
+        await asyncio.gather(waiter(), retrier())
+    return out
+
+
+async def cluster_watchdog(url: str, p: dict[str, Any]) -> dict[str, Any]:
+    """The hook for ``benchmarks/cluster_watchdog.py`` (issue 11, item 4), written apart.
+
+    Called there: the first of ``measure``, ``run``, ``cluster_watchdog``,
+    ``main`` that exists, with those of ``url`` (a cluster seed), ``locks``,
+    ``lease``, ``duration`` it takes; a coroutine function is awaited, a plain
+    one runs in a thread. It returns a dict; the report reads
+    ``renewal_calls_per_interval`` (or ``calls_per_interval``), ``lag_p99_ms``,
+    ``lost`` and ``locks`` from it and shows every other number as is. Until
+    the module exists the result says so and the report marks the figures
+    "not measured".
+    """
+    import inspect
+
+    try:
+        import benchmarks.cluster_watchdog as module  # type: ignore[import-not-found,unused-ignore]
+    except ModuleNotFoundError as exc:
+        if exc.name != "benchmarks.cluster_watchdog":
+            raise  # it is there, but something it imports is not
+        send_ready()
+        wait_go()
+        return {"skipped": "benchmarks/cluster_watchdog.py is not there yet"}
+    names = ("measure", "run", "cluster_watchdog", "main")
+    fn = next((getattr(module, n) for n in names if callable(getattr(module, n, None))), None)
+    if fn is None:
+        raise RuntimeError(f"benchmarks/cluster_watchdog.py has none of {names}")
+    given = {"url": url, "locks": p["locks"], "lease": p["lease"], "duration": p["duration"]}
+    accepted = inspect.signature(fn).parameters
+    kwargs = {k: v for k, v in given.items() if k in accepted}
+    send_ready()
+    wait_go()
+    if inspect.iscoroutinefunction(fn):
+        result = await fn(**kwargs)
+    else:
+        result = await asyncio.to_thread(fn, **kwargs)
+    return dict(result)
+
+
 # --------------------------------------------------------------------------- driver
 
 ASYNC = {
@@ -665,6 +769,14 @@ def send(out: TextIO, message: dict[str, Any]) -> None:
     out.flush()
 
 
+#: The pipe to the orchestrator (the original stdout), set by ``main``.
+OUT: TextIO = sys.stdout
+
+
+def send_ready() -> None:
+    send(OUT, {"ready": True})
+
+
 def wait_go() -> int:
     line = sys.stdin.readline()
     if not line:
@@ -673,10 +785,23 @@ def wait_go() -> int:
     return int(go["start_ns"])
 
 
+def make_admin(spec: dict[str, Any]) -> Any:
+    """The single server's admin client, or a cluster's (``admin_urls``: its masters)."""
+    if spec.get("admin_urls"):
+        from benchmarks._cluster import ClusterAdmin
+
+        return ClusterAdmin(spec["admin_urls"], spec.get("node_urls"))
+    return admin_client(spec["url"])
+
+
 async def run_async(spec: dict[str, Any], out: TextIO) -> dict[str, Any]:
     url, scenario, name, p = spec["url"], spec["scenario"], spec["lib"], spec["params"]
     p = {**p, "url": url}
-    admin = admin_client(url)
+    if scenario == "failover":
+        return await failover(url, p)
+    if scenario == "cluster_watchdog":
+        return await cluster_watchdog(url, p)
+    admin = make_admin(spec)
     admin.ping()
     try:
         if scenario == "floor":
@@ -686,7 +811,8 @@ async def run_async(spec: dict[str, Any], out: TextIO) -> dict[str, Any]:
             send(out, {"ready": True})
             return await watchdog(url, admin, p, wait_go())
         lib = _libs.make(name)
-        await lib.open(url, p.get("pool", p.get("tasks", 1)), lease=p.get("lease", 30.0))
+        cluster = {"cluster": True} if spec.get("cluster") else {}
+        await lib.open(url, p.get("pool", p.get("tasks", 1)), lease=p.get("lease", 30.0), **cluster)
         try:
             if scenario in ("throughput", "handoff") and p.get("prewarm", True):
                 await lib.prewarm(p["tasks"])
@@ -753,7 +879,8 @@ def run(spec: dict[str, Any], out: TextIO) -> dict[str, Any]:
 
 
 def main() -> None:
-    out = os.fdopen(os.dup(1), "w", buffering=1)
+    global OUT
+    out = OUT = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

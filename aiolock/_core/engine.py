@@ -390,6 +390,13 @@ class Engine:
 
     # -- the mode: standalone or cluster ------------------------------------------------------
 
+    async def is_cluster(self) -> bool:
+        """True in cluster mode, False standalone; on first use it finds out
+        (as the first command does: see ``_settle``). Sends nothing once known."""
+        if not self._settled:
+            await self._settle()
+        return bool(self.cluster)
+
     async def _settle(self) -> None:
         """Find out the mode (cluster or not) and set it up, once: every command
         waits for it on first use. Fails like a command if the server cannot be

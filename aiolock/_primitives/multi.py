@@ -1,4 +1,4 @@
-"""MultiLock: all or nothing over several locks, possibly on several Clients."""
+"""MultiLock: all or nothing over several locks, possibly on several Clients or cluster nodes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._core.cluster import slot_of
 from .._core.errors import (
+    ConnectionFailedError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     LockNotOwnedError,
@@ -120,22 +122,55 @@ class MultiLease:
 
 
 class MultiLock(Acquirable[MultiLease]):
-    """All or nothing over several locks, possibly on different Clients or servers.
+    """All or nothing over several locks, possibly on different Clients, servers or cluster nodes.
 
-    * **Order:** locks are always taken in one fixed order (by key, then
-      Client id), so two multi-locks over the same names cannot deadlock.
-    * **One script** takes every lock that lives on the same Client (one
-      server) at once; locks on other Clients are taken one after the other.
-    * **All or nothing:** if a lock cannot be taken, the ones already taken
-      are released, the task waits for the lock that was in the way, and it
-      tries again, within the caller's deadline.
+    * **Parts and order:** the locks are split into parts, each taken by one
+      call: all the locks of one standalone Client form one part (one script
+      takes them all at once); in a Cluster, a script may only declare keys
+      of one slot, so the locks of one Client whose names share a slot form
+      one part (names of their own, the usual case, are a part each, taken
+      by their lock's own acquire on their slot's master). Parts are always
+      taken one after the other in one global order that every Client
+      agrees on and that no failover or resharding changes: standalone
+      locks first, by key then Client id (as before Cluster support); then
+      cluster locks by slot, key and Client id.
+    * **All or nothing, deadlock-free:** the first part is waited for; a
+      later part is only tried (a single lock: once, without waiting). If it
+      is busy, or its node cannot be reached (a failover under way), the
+      parts taken are released at once, the task waits until the part that
+      was in the way is free (or its node is back), and it starts again from
+      the first part, within the caller's deadline. A task therefore never
+      waits for a lock while it holds one (no hold-and-wait: no deadlock,
+      whatever the order of the names given, also with plain locks taken
+      elsewhere in any order), and holds nothing while it waits (a waiting
+      multi-lock does not block single-lock users of its other names). A
+      later part of several locks of one slot or server (one script) is the
+      exception: it is waited for while the earlier parts are held, which
+      is deadlock-free since every multi-lock waits in the same global order.
+    * **Liveness:** because parts are taken in one global order, of two
+      multi-locks over overlapping names the one that takes the first name
+      they share never backs off because of the other (the other holds none
+      of the shared names before it); so two multi-locks never livelock one
+      another. A multi-lock can be starved by a stream of single-lock users
+      of a later name (each of its tries finds the name busy); Redisson's
+      RedissonMultiLock has the same trade-off (it gives back what it took
+      when a lock's wait time runs out and retries, in the caller's order,
+      so two of them can livelock where these cannot). Holding while
+      waiting instead would starve the single-lock users.
+    * **Cancellation and failures:** cancelled at any await, or failing
+      with an error, an acquire releases the parts it took (each release is
+      on the wire before the first await) and the part in flight undoes
+      itself as a lock's acquire does (a reply lost to a cancellation or a
+      timeout is undone when it arrives): the caller gets all the locks or
+      none. Each part is an ordinary hold of its lock: renewed by the
+      watchdog like any other, released on its own node, lost on its own.
     * **Reentrant** per task, like each of its locks; **who may release**:
       the acquiring task with ``release()``, or anyone with the MultiLease.
     * **Lease expiry and cancellation:** as for :class:`AsyncLock`, lock by
       lock; the MultiLease is lost when any of its leases is.
     """
 
-    __slots__ = ("_engine", "_entry_map", "_held", "_locks", "name")
+    __slots__ = ("_engine", "_entry_map", "_groups", "_held", "_locks", "_reorder", "name")
 
     def __init__(self, engine: Engine, *locks: AsyncLock) -> None:
         if not locks:
@@ -156,6 +191,9 @@ class MultiLock(Acquirable[MultiLease]):
         self.name = "+".join(lock.name for lock in self._locks)
         self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
         self._held: dict[asyncio.Task[Any], list[MultiLease]] = {}
+        self._groups: list[list[AsyncLock]] | None = None
+        # Where each taken lease goes in ``locks`` order (None: the same order).
+        self._reorder: list[int] | None = None
 
     def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
         return self._entry_map
@@ -210,18 +248,44 @@ class MultiLock(Acquirable[MultiLease]):
 
     # -- acquisition ------------------------------------------------------------------------
 
+    async def _parts(self) -> list[list[AsyncLock]]:
+        """The parts, in the global order (see the class docstring); known once
+        every Client's mode is (a Client finds out on its first command)."""
+        if self._groups is not None:
+            return self._groups
+        modes: dict[str, bool] = {}
+        for lock in self._locks:
+            engine = lock._engine
+            if engine.id not in modes:
+                modes[engine.id] = await engine.is_cluster()
+
+        def slot(lock: AsyncLock) -> int:
+            return slot_of(lock._key) if modes[lock._engine.id] else -1
+
+        groups: list[list[AsyncLock]] = []
+        for lock in sorted(self._locks, key=lambda x: (slot(x), x._key, x._engine.id)):
+            if (
+                groups
+                and groups[-1][0]._engine is lock._engine
+                and slot(groups[-1][0]) == slot(lock)
+            ):
+                groups[-1].append(lock)
+            else:
+                groups.append([lock])
+        taken = [lock for group in groups for lock in group]
+        if taken != self._locks:
+            position = {id(lock): i for i, lock in enumerate(self._locks)}
+            self._reorder = [position[id(lock)] for lock in taken]
+        self._groups = groups
+        return groups
+
     async def _acquire(self, timeout: float | None, lease: float | None) -> MultiLease:
         for lock in self._locks:
             lock._engine.enter()
         loop = asyncio.get_running_loop()
         task = current_task()
         deadline = None if timeout is None else loop.time() + timeout
-        groups: list[list[AsyncLock]] = []
-        for lock in self._locks:
-            if groups and groups[-1][0]._engine is lock._engine:
-                groups[-1].append(lock)
-            else:
-                groups.append([lock])
+        groups = self._groups if self._groups is not None else await self._parts()
         while True:
             taken: list[Lease] = []
             blocker: AsyncLock | None = None
@@ -235,7 +299,9 @@ class MultiLock(Acquirable[MultiLease]):
                         wait = remaining if not taken else 0.0
                         try:
                             taken.append(await lock._acquire(wait, lease))
-                        except LockTimeoutError:
+                        except (LockTimeoutError, ConnectionFailedError):
+                            # Busy, or its node unreachable (a failover): not
+                            # waited for while holding the others (see above).
                             if not taken:
                                 raise
                             blocker = lock
@@ -246,6 +312,11 @@ class MultiLock(Acquirable[MultiLease]):
                 await _release_all(taken)
                 raise
             if blocker is None:
+                if self._reorder is not None:  # the leases in the order of ``locks``
+                    ordered = taken[:]
+                    for lease_of, at in zip(taken, self._reorder, strict=True):
+                        ordered[at] = lease_of
+                    taken = ordered
                 multi = MultiLease(taken, self._forget)
                 self._held.setdefault(task, []).append(multi)
                 return multi
@@ -262,15 +333,17 @@ class MultiLock(Acquirable[MultiLease]):
         lease: float | None,
         timeout: float | None,
     ) -> list[Lease]:
-        """Several locks of one Client: local turns in order, then one script."""
+        """Several locks of one Client (of one slot, in a cluster): local turns
+        in order, then one script. The leases come in the group's order."""
         engine = group[0]._engine
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         states: list[LocalQueue] = []
         held: list[Lease] = []
+        at: dict[int, Lease] = {}  # position in the group -> lease, for those held already
         try:
             fresh: list[AsyncLock] = []
-            for lock in group:
+            for i, lock in enumerate(group):
                 state: LocalQueue | None = engine.peek_state(lock._key)
                 if state is None:
                     state = engine.state(lock._key, new_queue, lock)
@@ -280,11 +353,13 @@ class MultiLock(Acquirable[MultiLease]):
                     and state.hold.releasing is None  # (else: queue up, as AsyncLock)
                 ):
                     held.append(state.hold.new_lease())  # re-entry: no round trip
+                    at[i] = held[-1]
                     continue
                 if state.busy:
                     handed = await state.turn(deadline, task, lease)
                     if handed is not None:
                         held.append(handed.new_lease())  # handed over to us: held
+                        at[i] = held[-1]
                         continue
                 else:
                     state.busy = True
@@ -298,7 +373,8 @@ class MultiLock(Acquirable[MultiLease]):
                 state.pass_turn()
             await _release_all(held)
             raise
-        return held + [hold.new_lease() for hold in holds]
+        new = iter(holds)
+        return [at[i] if i in at else next(new).new_lease() for i in range(len(group))]
 
 
 async def _compete_group(

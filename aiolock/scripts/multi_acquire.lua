@@ -15,8 +15,9 @@
 --   taken; pttl is its remaining TTL in ms (-1 without TTL), the wait hint.
 --   Lock i is flagged as waited for by a task that is not registered for a
 --   targeted wake-up ("~w", "~n": see acquire.lua), so its release notifies.
--- In Redis Cluster all names must share a slot (one hash tag); the client
--- only sends this script for locks of one standalone server.
+-- A script may only declare keys of one slot in Redis Cluster (even with
+-- allow-cross-slot-keys): in cluster mode the client sends this script only
+-- for locks whose names share a slot (multi.py takes the other parts one by one).
 --@include _fence.lua
 --@include _types.lua
 check_all(KEYS, 'hash')
