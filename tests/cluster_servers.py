@@ -425,6 +425,7 @@ class ClusterProcess:
         16384 slots served by live masters, cluster_state:ok everywhere and every live
         node seen as healthy by every live node; else None."""
         agreed: Ownership | None = None
+        agreed_roles: dict[str, str] | None = None
         live = self.live_nodes()
         live_ids = {node.node_id for node in live}
         for node in live:
@@ -438,9 +439,13 @@ class ClusterProcess:
                 return None
             if sum(hi - lo + 1 for ranges in owners.values() for lo, hi in ranges) != SLOTS:
                 return None
+            # Every node sees the same roles too (which replica follows which
+            # master): gossip spreads a REPLICATE or a failover over a few
+            # pings, and a test reading one node's view must not run before.
+            roles = {e.node_id: e.master_id for e in view if e.node_id in live_ids}
             if agreed is None:
-                agreed = owners
-            elif owners != agreed:
+                agreed, agreed_roles = owners, roles
+            elif owners != agreed or roles != agreed_roles:
                 return None
         return agreed
 

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from aiolock._core.cluster import slot_of
+from aiolock._core.keys import main_key
 from aiolock.cli.demo import handoffs
 from aiolock.cli.embedded import find_binary, free_port, ping
+from aiolock.cli.embedded_cluster import MASTERS, slot_range
 from tests.servers import RedisServer
 
 TINY = ["--processes", "2", "--tasks", "8", "--locks", "2", "--duration", "1", "--plain"]
@@ -117,6 +120,45 @@ def test_demo_uses_the_valkey_wheel_without_redis_on_path() -> None:
     assert ping("127.0.0.1", embedded_port(out)) is None, "the embedded server is still running"
 
 
+def test_demo_runs_its_checks_on_an_embedded_cluster() -> None:
+    # `--cluster`: a local 3 + 3 cluster from the same binaries, the workers'
+    # Clients made with Client.from_url(seed) find out it is one by themselves.
+    try:
+        find_binary()
+    except RuntimeError:
+        pytest.skip("no server binary")
+    proc = aiolock_cmd("demo", "--cluster", *TINY)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    match = re.search(
+        r"server: an embedded 3 \+ 3 cluster of \S+ from .* on 127\.0\.0\.1:(\d+)-(\d+)", out
+    )
+    assert match, out
+    ports = range(int(match.group(1)), int(match.group(2)) + 1)
+    assert len(ports) == 6 and all(p + 10000 < 32768 for p in ports), out
+    assert "cluster mode: 3 masters" in out, out
+    for check in CHECKS:
+        assert f"PASS  {check}:" in out, out
+    assert "all 5 checks passed." in out, out
+    # Per process: a command connection to each of the 3 masters, and a sharded
+    # pub/sub connection to each master whose slots hold a lock it waited on.
+    slots = [slot_of(main_key("x", f"lock-{i}")) for i in range(2)]
+    homes = {m for m in range(MASTERS) for s in slots if slot_range(m)[0] <= s <= slot_range(m)[1]}
+    progress = [line for line in out.splitlines() if "handoff p50" in line]
+    assert progress, out
+    expected = 2 * (MASTERS + len(homes))
+    assert re.search(rf"connections {expected} aiolock \(per process: a command", progress[-1]), out
+    assert "stopped the embedded cluster." in out, out
+    assert all(ping("127.0.0.1", p) is None for p in ports), "a cluster node is still running"
+
+
+def test_demo_cluster_starts_its_own() -> None:
+    proc = aiolock_cmd("demo", "--cluster", "--url", "redis://127.0.0.1:1/0", *TINY)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "--cluster starts its own cluster: drop --url and --embedded" in out, out
+
+
 def test_demo_says_how_to_get_a_server_when_there_is_none() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL",)}
     env["PATH"] = str(Path(sys.executable).parent)
@@ -135,7 +177,15 @@ def test_console_script_and_help() -> None:
         [str(script), "demo", "--help"], capture_output=True, text=True, timeout=30, check=False
     )
     assert proc.returncode == 0, proc.stderr
-    for flag in ("--url", "--processes", "--tasks", "--locks", "--duration", "--uvloop"):
+    for flag in (
+        "--url",
+        "--processes",
+        "--tasks",
+        "--locks",
+        "--duration",
+        "--uvloop",
+        "--cluster",
+    ):
         assert flag in proc.stdout
 
 

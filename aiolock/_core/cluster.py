@@ -54,6 +54,7 @@ from .connection import CommandConnection, Orphan
 from .errors import (
     ClientClosedError,
     ConnectionFailedError,
+    ServerRefusedError,
     UnsupportedServerError,
     from_redis,
 )
@@ -66,7 +67,9 @@ __all__ = [
     "ClusterMux",
     "ShardedListener",
     "Topology",
+    "check_version",
     "check_versions",
+    "server_version",
     "slot_of",
 ]
 
@@ -154,11 +157,13 @@ class Topology:
                 self.on_change()
 
     def refresh_soon(self) -> None:
-        """Refresh the map in the background (a no-op while one runs)."""
+        """Refresh the map in the background (a no-op while one runs). A failure
+        is logged by the refresh; the map stays as it was until the next one."""
         self._start_refresh()
 
     async def refresh(self) -> None:
-        """Ask the cluster for its slot map now (sharing a refresh under way)."""
+        """Ask the cluster for its slot map now (sharing a refresh under way).
+        Raises ConnectionFailedError if no known node answered with a map."""
         await asyncio.shield(self._start_refresh())
 
     def _start_refresh(self) -> asyncio.Task[None]:
@@ -183,6 +188,12 @@ class Topology:
                 else:
                     await manager.initialize()
         except Exception as exc:  # redis-py's RedisClusterException is no RedisError
+            if "Cluster mode is not enabled" in str(exc):
+                raise UnsupportedServerError(
+                    f"this server is not a Redis Cluster node ({exc}), and this Client "
+                    "was told it is one (cluster=True, or a redis.asyncio.RedisCluster). "
+                    "Use cluster=None (finds out) or False, or a redis.asyncio.Redis"
+                ) from exc
             log.warning("aiolock: could not refresh the cluster's slot map: %r", exc)
             raise ConnectionFailedError(
                 f"could not read the cluster's slot map from any known node: {exc!r}. "
@@ -242,6 +253,7 @@ class ClusterMux:
                 command_timeout=self._command_timeout,
                 on_connect=self._on_connect,
                 on_reset=self._lost,
+                redirects=True,
             )
         return conn
 
@@ -278,11 +290,11 @@ class ClusterMux:
             else:
                 fut.set_result(reply)
 
-        self._dispatch(args, done)
+        self._dispatch(args, done, fut.cancelled)
         return fut
 
     def send(self, *args: Any, callback: Orphan) -> None:
-        self._dispatch(args, callback)
+        self._dispatch(args, callback, None)
 
     async def call(self, *args: Any, orphan: Orphan | None = None) -> Any:
         fut = self.submit(*args, orphan=orphan)
@@ -294,14 +306,16 @@ class ClusterMux:
                 orphan(None if exc is not None else fut.result(), exc)
             raise
 
-    def _dispatch(self, args: tuple[Any, ...], done: Orphan) -> None:
+    def _dispatch(
+        self, args: tuple[Any, ...], done: Orphan, gone: Callable[[], bool] | None
+    ) -> None:
         if self._closed:
             done(None, ClientClosedError("the aiolock Client was closed; create a new one"))
             return
         key = command_key(args)
         if key is None:
             raise ValueError(f"aiolock: a cluster command needs a key: {args[:2]!r}")
-        _Command(self, args, slot_of(key), done).send()
+        _Command(self, args, slot_of(key), done, gone).send()
 
     async def drain(self, seconds: float) -> None:
         await asyncio.gather(*(c.drain(seconds) for c in self._connections.values()))
@@ -315,15 +329,40 @@ class ClusterMux:
 
 
 class _Command:
-    """One command in cluster mode, following redirections until it runs."""
+    """One command in cluster mode, following redirections until it runs.
 
-    __slots__ = ("_args", "_deadline", "_delay", "_done", "_mux", "_reloaded", "_slot", "_tries")
+    Each re-send happens only while somebody waits for the reply: if the
+    caller gave up (its future was cancelled, e.g. by its own timeout) or the
+    Client closed meanwhile, the command ends with the last error (it did not
+    run, so an orphan handler has nothing to undo) instead of running for
+    nobody.
+    """
 
-    def __init__(self, mux: ClusterMux, args: tuple[Any, ...], slot: int, done: Orphan) -> None:
+    __slots__ = (
+        "_args",
+        "_deadline",
+        "_delay",
+        "_done",
+        "_gone",
+        "_mux",
+        "_reloaded",
+        "_slot",
+        "_tries",
+    )
+
+    def __init__(
+        self,
+        mux: ClusterMux,
+        args: tuple[Any, ...],
+        slot: int,
+        done: Orphan,
+        gone: Callable[[], bool] | None,
+    ) -> None:
         self._mux = mux
         self._args = args
         self._slot = slot
         self._done = done
+        self._gone = gone  # True once the caller stopped waiting (None: send()'s callback)
         self._tries = 0
         self._delay = 0.0
         self._deadline = 0.0
@@ -346,11 +385,15 @@ class _Command:
             )
             return
         conn = mux.connection(name)
+        # ASKING and the command are written back to back on one connection
+        # (or queued back to back until it connects: the backlog keeps their
+        # order, after the connection's own script loads), so ASKING applies
+        # to this command and no other.
         if asking:
             conn.send(b"ASKING", callback=_ignore)
-        conn.send(*self._args, callback=lambda reply, error: self._reply(name, reply, error))
+        conn.send(*self._args, callback=lambda r, e: self._reply(name, asking, r, e))
 
-    def _reply(self, name: str, reply: Any, error: BaseException | None) -> None:
+    def _reply(self, name: str, asking: bool, reply: Any, error: BaseException | None) -> None:
         if error is None:
             self._done(reply, None)
             return
@@ -360,10 +403,15 @@ class _Command:
             if source is None or self._reloaded:
                 self._done(None, from_redis(error))
                 return
+            if self._given_up(error):
+                return
             self._reloaded = True
             conn = mux.connection(name)
             conn.send(b"SCRIPT", b"LOAD", source, callback=_ignore)
-            conn.send(*self._args, callback=lambda r, e: self._reply(name, r, e))
+            # Again where it was sent: an ASK target needs ASKING again.
+            if asking:
+                conn.send(b"ASKING", callback=_ignore)
+            conn.send(*self._args, callback=lambda r, e: self._reply(name, asking, r, e))
             return
         code = getattr(error, "code", "")
         if code not in ("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"):
@@ -382,12 +430,26 @@ class _Command:
             target = f"{match.group(3)}:{match.group(4)}"
             if code == "MOVED":
                 mux.topology.moved(int(match.group(2)), target)
+            if self._given_up(error):
+                return
+            if code == "MOVED":
                 self.send()
             else:
                 self.send(target, asking=True)
             return
         mux.topology.refresh_soon()
         self._later(error)
+
+    def _given_up(self, error: BaseException) -> bool:
+        """End the command here (with ``error``: it did not run) if its caller
+        stopped waiting or the Client closed; say whether it did."""
+        if self._gone is not None and self._gone():
+            self._done(None, from_redis(error))
+            return True
+        if self._mux._closed:
+            self._done(None, ClientClosedError("the aiolock Client was closed; create a new one"))
+            return True
+        return False
 
     def _later(self, error: BaseException) -> None:
         """Re-send after a capped backoff, within ``command_timeout`` in all."""
@@ -396,10 +458,16 @@ class _Command:
         if self._deadline == 0.0:
             self._deadline = now + self._mux._command_timeout
         self._delay = min(max(self._delay * 2, 0.02), 0.5)
-        if now + self._delay > self._deadline or self._mux._closed:
+        if now + self._delay > self._deadline:
             self._done(None, error)
             return
-        loop.call_later(self._delay, self.send)
+        if self._given_up(error):
+            return
+        loop.call_later(self._delay, self._again, error)
+
+    def _again(self, error: BaseException) -> None:
+        if not self._given_up(error):
+            self.send()
 
 
 def _text(value: Any) -> bytes:
@@ -410,22 +478,41 @@ def _ignore(reply: Any, error: BaseException | None) -> None:
     return None
 
 
+def server_version(info: str) -> tuple[int, int] | None:
+    """The ``(major, minor)`` of ``redis_version`` in the text of ``INFO server``
+    (Valkey reports the Redis version it is compatible with there: 7.2.x), or
+    None if there is no such line."""
+    match = re.search(r"^redis_version:(\d+)\.(\d+)", info, re.M)
+    return None if match is None else (int(match.group(1)), int(match.group(2)))
+
+
+def check_version(name: str, info: str) -> None:
+    """Raise UnsupportedServerError if node ``name``'s ``INFO server`` text says
+    it is older than Redis 7.0 / Valkey 7.2 (no sharded pub/sub)."""
+    version = server_version(info)
+    if version is not None and version < MIN_VERSION:
+        raise UnsupportedServerError(
+            f"cluster node {name} runs Redis {version[0]}.{version[1]}; aiolock's cluster "
+            "mode needs Redis 7.0 or Valkey 7.2 or newer (sharded pub/sub, SPUBLISH from "
+            "scripts). Upgrade the cluster, or use a standalone server. Nothing was "
+            "changed in Redis"
+        )
+
+
 async def check_versions(mux: ClusterMux) -> None:
-    """Refuse a cluster of servers older than Redis 7.0 / Valkey 7.2 (no sharded pub/sub)."""
+    """``check_version`` on every master (one ``INFO server`` each, on the
+    command lane's connections: they are made now, as they will be used)."""
     for name in mux.topology.masters():
-        conn = mux.connection(name)
-        info = await conn.call(b"INFO", b"server")
-        text = info.decode() if isinstance(info, bytes) else str(info)
-        match = re.search(r"^redis_version:(\d+)\.(\d+)", text, re.M)
-        if match is None:
-            continue
-        version = (int(match.group(1)), int(match.group(2)))
-        if version < MIN_VERSION:
-            raise UnsupportedServerError(
-                f"cluster node {name} runs Redis {version[0]}.{version[1]}; aiolock's cluster "
-                "mode needs Redis 7.0 or Valkey 7.2 or newer (sharded pub/sub, SPUBLISH from "
-                "scripts). Upgrade the cluster, or use a standalone server"
-            )
+        try:
+            info = await mux.connection(name).call(b"INFO", b"server")
+        except ServerRefusedError as exc:
+            if exc.code != "NOPERM":
+                raise
+            # An ACL user without INFO: SSUBSCRIBE and SPUBLISH fail on an old
+            # server with their own clear error; nothing to check here.
+            log.debug("aiolock: INFO refused on %s; the server's version is not checked", name)
+            return
+        check_version(name, info.decode() if isinstance(info, bytes) else str(info))
 
 
 class ShardedListener:

@@ -96,8 +96,11 @@ class UnsupportedServerError(AiolockError):
     A cluster whose nodes run Redis older than 7.0 (or Valkey older than
     7.2): aiolock's cluster mode needs sharded pub/sub. Or a cluster node
     given as a plain ``redis.asyncio.Redis``: pass a
-    ``redis.asyncio.RedisCluster``, or use ``Client.from_url(url)``. The
-    message says which, and what to do. Nothing was changed in Redis.
+    ``redis.asyncio.RedisCluster``, or use ``Client.from_url(url)``. Or a
+    mode that does not match the server: ``cluster=False`` on a cluster node
+    (a MOVED or ASK reply; its ``__cause__`` is that reply), ``cluster=True``
+    on a standalone server. The message says which, and what to do. Nothing
+    was changed in Redis.
     """
 
 
@@ -184,8 +187,9 @@ _ADVICE = {
     "(redis://user:password@host:port) or in the redis.asyncio.Redis you pass to Client()",
     "WRONGPASS": "Check the username and password in the URL or in your redis.asyncio.Redis",
     "NOPERM": "The ACL user lacks a permission aiolock needs: it runs EVALSHA, SCRIPT LOAD, "
-    "PUBLISH, SUBSCRIBE, EXISTS, PTTL (and BLPOP in notify='list' mode) on the keys "
-    "and channels under its prefix",
+    "PUBLISH, SUBSCRIBE, EXISTS, PTTL and INFO (and BLPOP in notify='list' mode) on the keys "
+    "and channels under its prefix; on a cluster SSUBSCRIBE and SPUBLISH instead of "
+    "SUBSCRIBE and PUBLISH, and CLUSTER SLOTS, to find the cluster",
     "OOM": "The server is out of memory (maxmemory, with a noeviction policy): free memory, "
     "raise maxmemory or choose an eviction policy",
     "READONLY": "This server is a read-only replica: connect to the master",

@@ -6,6 +6,7 @@ library's key naming (``aiolock._core.keys``) to show and clean up the demo's ke
 
 * ``aiolock demo``: processes and tasks contend for a few locks; live figures,
   then checks (no lost update, one holder at a time, fencing tokens increasing).
+  ``--cluster`` runs it on an embedded local cluster (embedded_cluster.py).
 * ``aiolock server``: run a throwaway Redis/Valkey in the foreground (for the examples).
 * ``aiolock run CMD ...``: run CMD with ``$REDIS_URL`` set to a reachable
   server, starting an embedded one for the duration if none is reachable.

@@ -15,6 +15,12 @@ At the end the parent process checks the records against Redis:
   happened, and against the last token written to Redis under the lock;
 * and that no lease was lost and nothing was left behind.
 
+On a cluster (``--cluster`` starts a local one; a ``--url`` of a cluster
+node is found out) the same runs unchanged: the workers' Clients are made
+with ``Client.from_url(seed)`` and switch to cluster mode by themselves; the
+demo's own clients are ``RedisCluster`` ones, and its data keys carry the
+lock's hash tag, so a lock's data lives in the lock's slot.
+
 Timestamps are ``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every
 process on a machine, so holds of different processes can be compared (the
 demo's processes all run here). *Handoff latency* is the time from the
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import math
 import multiprocessing
@@ -46,7 +53,7 @@ import redis
 import redis.asyncio as aioredis
 
 from aiolock._core.keys import main_key
-from aiolock.cli.demo_config import TICK, Config, Record
+from aiolock.cli.demo_config import TICK, Admin, Config, Record, is_cluster, make_admin, masters
 from aiolock.cli.demo_view import (
     _count_connections,
     _Live,
@@ -58,6 +65,7 @@ from aiolock.cli.demo_view import (
     handoffs,
 )
 from aiolock.cli.embedded import NoServerBinaryError, Resolved, resolve
+from aiolock.cli.embedded_cluster import resolve_cluster
 
 __all__ = ["add_arguments", "run"]
 
@@ -77,6 +85,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--embedded",
         action="store_true",
         help="always start an embedded server, even if one answers on localhost:6379",
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="start an embedded local cluster (3 masters, 3 replicas) and run there; "
+        "a --url of a cluster node needs no flag: the demo and aiolock find out by themselves",
     )
     parser.add_argument("--processes", type=_positive_int, default=4, help="default: 4")
     parser.add_argument("--tasks", type=_positive_int, default=50, help="per process; default: 50")
@@ -142,7 +156,12 @@ async def _worker(cfg: Config, wid: int, out: Any, go: Any, start_at: Any, count
     loop = asyncio.get_running_loop()
     stats = _WorkerStats()
     records: list[Record] = []
-    data = aioredis.Redis.from_url(cfg.url, client_name=f"{cfg.prefix}-data")
+    data: aioredis.Redis | aioredis.RedisCluster = (
+        aioredis.RedisCluster.from_url(cfg.url, client_name=f"{cfg.prefix}-data")
+        if cfg.cluster
+        else aioredis.Redis.from_url(cfg.url, client_name=f"{cfg.prefix}-data")
+    )
+    # The same call on a cluster node: the Client sees it is one and runs in cluster mode.
     client = Client.from_url(cfg.url, prefix=cfg.prefix)
     try:
         locks = [client.lock(cfg.lock_name(i)) for i in range(cfg.locks)]
@@ -271,7 +290,7 @@ def verify(
     cfg: Config,
     records: list[Record],
     finals: dict[int, dict[str, Any]],
-    admin: redis.Redis,
+    admin: Admin,
 ) -> list[Check]:
     checks: list[Check] = []
     per_lock: dict[int, list[Record]] = {i: [] for i in range(cfg.locks)}
@@ -348,11 +367,16 @@ def verify(
     return checks
 
 
-def _cleanup(admin: redis.Redis, prefix: str) -> None:
+def _cleanup(admin: Admin, prefix: str) -> None:
     with contextlib.suppress(redis.RedisError):
-        keys = list(admin.scan_iter(match=f"{prefix}:*", count=1000))
-        for i in range(0, len(keys), 500):
-            admin.delete(*keys[i : i + 500])
+        for node in masters(admin):
+            keys = list(node.scan_iter(match=f"{prefix}:*", count=1000))
+            # One DEL per key: on a cluster node, a DEL of keys of several slots is refused.
+            for i in range(0, len(keys), 500):
+                with node.pipeline(transaction=False) as pipe:
+                    for key in keys[i : i + 500]:
+                        pipe.delete(key)
+                    pipe.execute()
 
 
 # --------------------------------------------------------------------------- main
@@ -371,8 +395,15 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         except ImportError:
             _say(out, "--uvloop: uvloop is not installed (python -m pip install uvloop)")
             return 2
+    if args.cluster and (args.url or args.embedded):
+        _say(out, "aiolock demo: --cluster starts its own cluster: drop --url and --embedded")
+        return 2
     try:
-        resolved = resolve(args.url, embedded=args.embedded)
+        if args.cluster:
+            _say(out, "starting an embedded cluster (3 masters, 3 replicas) ...")
+            resolved = resolve_cluster()
+        else:
+            resolved = resolve(args.url, embedded=args.embedded)
     except (NoServerBinaryError, RuntimeError) as exc:
         _say(out, f"aiolock demo: {exc}")
         return 2
@@ -381,7 +412,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     finally:
         if resolved.embedded is not None:
             resolved.embedded.stop()
-            _say(out, f"stopped the embedded {resolved.embedded.binary.kind}.")
+            what = "cluster" if args.cluster else resolved.embedded.binary.kind
+            _say(out, f"stopped the embedded {what}.")
 
 
 def _run_on(args: argparse.Namespace, resolved: Resolved, out: TextIO) -> int:
@@ -402,12 +434,24 @@ def _run_on(args: argparse.Namespace, resolved: Resolved, out: TextIO) -> int:
     )
     _say(out, header)
     _say(out, f"server: {resolved.how}")
-    admin = redis.Redis.from_url(cfg.url, client_name="aiolock-demo-monitor")
+    try:
+        cfg = dataclasses.replace(cfg, cluster=is_cluster(cfg.url))
+        admin = make_admin(cfg)
+    except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+        _say(out, f"aiolock demo: cannot reach the server: {exc}")
+        return 2
     try:
         admin.ping()
     except redis.RedisError as exc:
         _say(out, f"aiolock demo: cannot reach the server: {exc}")
+        admin.close()
         return 2
+    if cfg.cluster:
+        _say(
+            out,
+            f"cluster mode: {len(masters(admin))} masters, keys spread over their slots; "
+            "the workers' Clients are made with Client.from_url(seed) and find out themselves",
+        )
     try:
         return _drive(cfg, admin, header, args.plain, out)
     finally:
@@ -415,7 +459,7 @@ def _run_on(args: argparse.Namespace, resolved: Resolved, out: TextIO) -> int:
         admin.close()
 
 
-def _drive(cfg: Config, admin: redis.Redis, header: str, plain: bool, out: TextIO) -> int:
+def _drive(cfg: Config, admin: Admin, header: str, plain: bool, out: TextIO) -> int:
     ctx = multiprocessing.get_context("spawn")
     messages: Any = ctx.Queue()
     go = ctx.Event()
@@ -535,7 +579,7 @@ def _report(
     cfg: Config,
     live: _Live,
     finals: dict[int, dict[str, Any]],
-    admin: redis.Redis,
+    admin: Admin,
     out: TextIO,
 ) -> int:
     records = live.records

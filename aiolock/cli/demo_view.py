@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 import redis
 
-from aiolock.cli.demo_config import WINDOW, Config, Record
+from aiolock.cli.demo_config import WINDOW, Admin, Config, Record, nodes
 
 # --------------------------------------------------------------------------- parent side
 
@@ -105,14 +105,21 @@ class _Live:
         }
 
 
-def _count_connections(admin: redis.Redis, cfg: Config, names: set[str]) -> str:
+def _count_connections(admin: Admin, cfg: Config, names: set[str]) -> str:
+    """The connections of the workers' Clients and of their own data clients,
+    summed over every node (one server standalone; masters and replicas in a cluster)."""
     try:
-        clients = admin.client_list()
+        clients = [c for node in nodes(admin) for c in node.client_list()]
     except redis.RedisError:
         return "n/a (CLIENT LIST refused)"
     ours = sum(1 for c in clients if c.get("name") in names)
     data = sum(1 for c in clients if c.get("name") == f"{cfg.prefix}-data")
-    return f"{ours} aiolock (command + pub/sub per process) + {data} for the demo's own reads"
+    what = (
+        "per process: a command connection per master, a sharded pub/sub one per master listened on"
+        if cfg.cluster
+        else "command + pub/sub per process"
+    )
+    return f"{ours} aiolock ({what}) + {data} for the demo's own reads"
 
 
 class _PlainView:

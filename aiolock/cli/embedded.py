@@ -24,11 +24,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 
 __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_PORT",
+    "Embedded",
     "EmbeddedServer",
     "NoServerBinaryError",
     "Resolved",
@@ -132,8 +133,15 @@ class EmbeddedServer:
     idempotent and also runs if the start failed half-way.
     """
 
-    def __init__(self, binary: ServerBinary | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        binary: ServerBinary | None = None,
+        port: int | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        """``extra``: more ``--option value`` arguments for the server (a cluster node's)."""
         self.binary = binary if binary is not None else find_binary()
+        self._extra = extra
         self.host = "127.0.0.1"
         self._fixed_port = port
         self.port = port or 0
@@ -193,6 +201,7 @@ class EmbeddedServer:
             "--save", "",
             "--appendonly", "no",
             "--daemonize", "no",
+            *self._extra,
         ]  # fmt: skip
         try:
             self._proc = subprocess.Popen(
@@ -248,13 +257,22 @@ class EmbeddedServer:
         self.stop()
 
 
+class Embedded(Protocol):
+    """What a tool stops at the end: an ``EmbeddedServer`` or an ``EmbeddedCluster``."""
+
+    @property
+    def binary(self) -> ServerBinary: ...
+
+    def stop(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Resolved:
     """The server a tool will use, and how to say so."""
 
     url: str
     how: str
-    embedded: EmbeddedServer | None = None
+    embedded: Embedded | None = None
 
 
 def resolve(url: str | None, *, embedded: bool = False, prefer: str | None = None) -> Resolved:
