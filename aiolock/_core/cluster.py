@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 from collections import ChainMap
 from collections.abc import Callable, Iterable
@@ -174,10 +175,14 @@ class Topology:
         return self.factory(name)
 
     def moved(self, slot: int, name: str) -> None:
-        """A MOVED said ``slot`` is served by ``name`` now."""
+        """A MOVED said ``slot`` is served by ``name`` now: ``on_change`` runs at
+        once (the refresh that follows compares with the corrected map, so it
+        would not report this slot's change)."""
         if self._slots[slot] != name:
             self._slots[slot] = name
             self.refresh_soon()
+            if self.on_change is not None:
+                self.on_change()
 
     def refresh_soon(self) -> None:
         """Refresh the map in the background (a no-op while one runs). A failure
@@ -591,8 +596,21 @@ class ShardedListener:
     channel with a ``sunsubscribe``, refuses it with ``MOVED``, or a slot map
     refresh shows it), its channels move, waiters and all, to the new
     master's listener; once subscribed there, their waiters are woken to try
-    again, since a release may have been published meanwhile. No waiter
-    hangs: every wait is bounded by the holder's TTL besides.
+    again, since a release may have been published meanwhile. A channel that
+    was refused or dropped and that the map (which may lag the cluster for a
+    moment) keeps where it is, is subscribed again, at most a second apart,
+    until a node takes it; a lingering channel (nobody waits on it) whose slot
+    moved is dropped. No waiter hangs: every wait is bounded by the holder's
+    TTL besides.
+
+    Safety: a grant goes to a Client only if the script's ``SPUBLISH`` counts
+    it, and SPUBLISH counts the subscribers of the node that ran it, a
+    master. A replica accepts ``SSUBSCRIBE`` for its master's slots and
+    relays the master's messages, uncounted; so each sharded link asks its
+    node ``ROLE`` first and subscribes (and acts on messages) only on a
+    master (see ``Listener._master``): this listener never takes a grant the
+    script did not count (classic pub/sub would: see ``_cluster_source`` in
+    scripts.py and tests/test_cluster_primitives.py).
     """
 
     def __init__(self, topology: Topology, *, on_reset: Callable[[], None] | None = None) -> None:
@@ -606,6 +624,8 @@ class ShardedListener:
         self._changed = asyncio.Event()
         topology.watch(self._changed.set)
         self._connects_closed = 0
+        self._last_round = -math.inf  # loop time of the last re-homing round
+        self._pause = 0.0
 
     def _listener(self, name: str) -> Listener:
         listener = self._listeners.get(name)
@@ -709,6 +729,18 @@ class ShardedListener:
             )
 
     async def _refresh_and_rehome(self) -> None:
+        """Refresh the map, move the channels whose slot moved, and subscribe
+        again those a node refused or dropped that stay where they are: no
+        channel is left unsubscribed while its slot is served. Refused again
+        within a second of the last round (the nodes do not agree yet: a slot's
+        new owner still being gossiped, a failover under way), it first waits,
+        longer each time, at most a second: one round a second at most."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_round < 1.0:
+            self._pause = min(max(self._pause * 2, 0.05), 1.0)
+            await asyncio.sleep(self._pause)
+        else:
+            self._pause = 0.0
         delay = 0.05
         while not self._closed:
             try:
@@ -718,6 +750,12 @@ class ShardedListener:
                 delay = min(delay * 2, 1.0)
                 continue
             self.rehome()
+            listeners = list(self._listeners.values())
+            for listener in listeners:
+                listener.resubscribe()
+            self._last_round = loop.time()
+            if any(listener.replica and listener.channels for listener in listeners):
+                loop.call_soon(self.moved)  # another round, until the map moves them
             return
 
     def rehome(self) -> None:
@@ -729,7 +767,8 @@ class ShardedListener:
                 home = self._topology.node(slot_of(name))
                 if home is not None and home != node:
                     listener.disown(channel)
-                    self._listener(home).adopt(channel)
+                    if channel.refs > 0:  # (a lingering one nobody waits on is dropped)
+                        self._listener(home).adopt(channel)
 
     async def aclose(self) -> None:
         self._closed = True
