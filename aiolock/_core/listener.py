@@ -257,6 +257,7 @@ class Listener:
         #: Sharded mode: the node said it is a replica (its channels wait for
         #: the slot map to move them; see ShardedListener).
         self.replica = False
+        self._role_refused = False  # warned once that the ACL user may not run ROLE
         self._link: Link | None = None  # the connection, once connected
         # (Un)subscriptions of this loop iteration, sent together at its end
         # (100,000 waiters cancelled at once unsubscribe 1,000 channels in one
@@ -554,8 +555,20 @@ class Listener:
         ``_dispatch``, a server-sent sunsubscribe taken for its reply.)"""
         if not self._order:
             return
-        if self._order[0] is _ROLE_DUE:  # ROLE refused: the link is still subscribed somewhere
+        if self._order[0] is _ROLE_DUE:
             self._order.popleft()
+            if error.startswith("NOPERM"):
+                # An ACL user without ROLE: subscribe as on a master (the map
+                # names it one), warned once; the README's ACL line grants ROLE.
+                if not self._role_refused:
+                    self._role_refused = True
+                    log.warning(
+                        "aiolock listener: the ACL user may not run ROLE, so a node the "
+                        "slot map names a master is not checked to be one; grant +role"
+                    )
+                self._role(True)
+                return
+            # ROLE refused otherwise: the link is still subscribed somewhere
             if self._link is not None:
                 self._link.abort()  # the next session asks first
             return
