@@ -25,10 +25,28 @@ re-sending is safe for each since the script did not run:
   exponential backoff, the map refreshed meanwhile;
 * ``NOSCRIPT``: the script cache is per node and not replicated (a promoted
   replica, a slot's new owner, a restarted node lack aiolock's scripts):
-  loaded on that node and the command re-sent once.
+  loaded on that node and the command re-sent once;
+* a connection to the slot's master that cannot be opened (refused, timed
+  out: the node died, a failover is under way): the command was never
+  written, so it is re-sent like CLUSTERDOWN, the map re-read meanwhile,
+  and at once when a refresh shows the promoted replica (``Topology.watch``;
+  no reconnect backoff towards a dead node).
 
-All of it is bounded: at most ``MAX_REDIRECTS`` redirections and at most
-``command_timeout`` seconds of backoff; then the caller gets the last error
+Failover (tests/test_cluster_failover.py): a master's death resets its
+connections, which bumps the Engine's connection epoch, so the verifier
+re-checks every hold at once (riding out the failover as above); a hold the
+promoted replica has is kept and renewed there, one it lacks (asynchronous
+replication lost the acquire) is reported lost (LockLostError). Another
+Client may take the lock on the promoted replica before the old holder's
+check lands (measured: tens to a couple of hundred milliseconds); its fencing
+token is the higher one (see scripts/_fence.lua). Scripts are loaded on each
+new connection and again on NOSCRIPT, so a promoted replica serves them.
+
+All of it is bounded: at most ``MAX_REDIRECTS`` redirections in a row
+(MOVED, ASK) and at most ``command_timeout`` seconds of backoff (TRYAGAIN,
+CLUSTERDOWN, an unreachable master; e.g. mid-migration a script whose keys
+are only partly on the importing node gets ASK then TRYAGAIN from Redis
+until the migration ends: it waits that out); then the caller gets the last error
 as a ``ServerUnavailableError`` (the command did not run: acquires and
 releases ride it out as they ride out an outage). A lost connection is not
 re-sent: the script may have run. It fails like a single connection's (the
@@ -50,7 +68,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, ResponseError
 
-from .connection import CommandConnection, Orphan
+from .connection import CommandConnection, NotSent, Orphan
 from .errors import (
     ClientClosedError,
     ConnectionFailedError,
@@ -79,6 +97,9 @@ log = logging.getLogger("aiolock")
 MAX_REDIRECTS = 16
 #: The oldest server a cluster-mode Client runs on (Valkey 7.2 reports 7.2.x).
 MIN_VERSION = (7, 0)
+#: The longest pause before re-sending a command that did not run (CLUSTERDOWN,
+#: TRYAGAIN, an unreachable master): a failover is noticed this soon after it ends.
+RESEND_CAP = 0.25
 _REDIRECT = re.compile(r"\b(MOVED|ASK) (\d+) (\S+):(\d+)")
 _EVAL = (b"EVALSHA", b"EVAL")
 
@@ -114,6 +135,13 @@ class Topology:
         self.refreshes = 0
         #: Called with the node names whose slots changed owner, after a refresh.
         self.on_change: Callable[[], None] | None = None
+        # Also called after a refresh that changed the map (see ``watch``).
+        self._watchers: list[Callable[[], None]] = []
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every refresh that changed the map (each
+        ``ClusterMux`` re-sends its commands waiting out a failover at once)."""
+        self._watchers.append(callback)
 
     def node(self, slot: int) -> str | None:
         return self._slots[slot]
@@ -207,8 +235,11 @@ class Topology:
         changed = slots != self._slots
         self._slots = slots
         self.refreshes += 1
-        if changed and self.on_change is not None:
-            self.on_change()
+        if changed:
+            if self.on_change is not None:
+                self.on_change()
+            for callback in self._watchers:
+                callback()
 
     async def aclose(self) -> None:
         await stop(self._refreshing)
@@ -238,6 +269,10 @@ class ClusterMux:
         self._on_connect = on_connect
         self._on_reset = on_reset
         self._connections: dict[str, CommandConnection] = {}
+        # Commands waiting to be re-sent (CLUSTERDOWN, TRYAGAIN, a dead master),
+        # with their timers: a map change re-sends them at once.
+        self._waiting: dict[_Command, tuple[asyncio.TimerHandle, BaseException]] = {}
+        topology.watch(self._resend_waiting)
         self._closed = False
         self._connects_closed = 0
         self.redirects = 0
@@ -317,11 +352,23 @@ class ClusterMux:
             raise ValueError(f"aiolock: a cluster command needs a key: {args[:2]!r}")
         _Command(self, args, slot_of(key), done, gone).send()
 
+    def _resend_waiting(self) -> None:
+        """The map changed (a replica was promoted, a slot moved): re-send every
+        waiting command now, to its slot's master in the new map."""
+        waiting, self._waiting = self._waiting, {}
+        for command, (timer, error) in waiting.items():
+            timer.cancel()
+            command._again(error)
+
     async def drain(self, seconds: float) -> None:
         await asyncio.gather(*(c.drain(seconds) for c in self._connections.values()))
 
     async def aclose(self) -> None:
         self._closed = True
+        waiting, self._waiting = self._waiting, {}
+        for command, (timer, error) in waiting.items():
+            timer.cancel()
+            command._again(error)  # fails it: the lane is closed
         connections, self._connections = list(self._connections.values()), {}
         for conn in connections:
             self._connects_closed += conn.connects
@@ -413,6 +460,15 @@ class _Command:
                 conn.send(b"ASKING", callback=_ignore)
             conn.send(*self._args, callback=lambda r, e: self._reply(name, asking, r, e))
             return
+        if isinstance(error.__cause__, NotSent):
+            # The node could not be reached, so the command was never written:
+            # re-sending is safe. The node may be gone for good (a failover in
+            # progress): re-read the map and re-send to the slot's master then,
+            # polling until the cluster has promoted a replica (not counted as
+            # a redirection: bounded by command_timeout only).
+            mux.topology.refresh_soon()
+            self._later(error)
+            return
         code = getattr(error, "code", "")
         if code not in ("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"):
             self._done(None, error)
@@ -457,15 +513,20 @@ class _Command:
         now = loop.time()
         if self._deadline == 0.0:
             self._deadline = now + self._mux._command_timeout
-        self._delay = min(max(self._delay * 2, 0.02), 0.5)
+        self._delay = min(max(self._delay * 2, 0.02), RESEND_CAP)
         if now + self._delay > self._deadline:
             self._done(None, error)
             return
         if self._given_up(error):
             return
-        loop.call_later(self._delay, self._again, error)
+        # A wait bounded by the deadline: the redirections count starts again
+        # (mid-migration, a multi-key script some of whose keys are not on the
+        # target yet goes ASK -> TRYAGAIN -> ASK... until SETSLOT NODE).
+        self._tries = 0
+        self._mux._waiting[self] = (loop.call_later(self._delay, self._again, error), error)
 
     def _again(self, error: BaseException) -> None:
+        self._mux._waiting.pop(self, None)
         if not self._given_up(error):
             self.send()
 
@@ -501,17 +562,27 @@ def check_version(name: str, info: str) -> None:
 
 async def check_versions(mux: ClusterMux) -> None:
     """``check_version`` on every master (one ``INFO server`` each, on the
-    command lane's connections: they are made now, as they will be used)."""
-    for name in mux.topology.masters():
-        try:
-            info = await mux.connection(name).call(b"INFO", b"server")
-        except ServerRefusedError as exc:
-            if exc.code != "NOPERM":
-                raise
+    command lane's connections: they are made now, as they will be used), all
+    at once. A master that cannot be reached is skipped (a Client may start
+    while one is dead and its replica not promoted yet: the nodes of one
+    cluster run one version); if none can be, its error is raised."""
+    names = mux.topology.masters()
+    replies = await asyncio.gather(
+        *(mux.connection(name).call(b"INFO", b"server") for name in names),
+        return_exceptions=True,
+    )
+    if replies and all(isinstance(r, ConnectionFailedError) for r in replies):
+        raise replies[0]
+    for name, info in zip(names, replies, strict=True):
+        if isinstance(info, ServerRefusedError) and info.code == "NOPERM":
             # An ACL user without INFO: SSUBSCRIBE and SPUBLISH fail on an old
             # server with their own clear error; nothing to check here.
             log.debug("aiolock: INFO refused on %s; the server's version is not checked", name)
             return
+        if isinstance(info, ConnectionFailedError):
+            continue
+        if isinstance(info, BaseException):
+            raise info
         check_version(name, info.decode() if isinstance(info, bytes) else str(info))
 
 
@@ -549,6 +620,9 @@ class ShardedListener:
         self._started = False
         self._closed = False
         self._rehoming: asyncio.Task[None] | None = None
+        self._watching: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        topology.watch(self._changed.set)
         self._connects_closed = 0
         self._last_round = -math.inf  # loop time of the last re-homing round
         self._pause = 0.0
@@ -578,8 +652,31 @@ class ShardedListener:
 
     def _lost(self) -> None:
         self._topology.refresh_soon()
+        if not self._closed and (self._watching is None or self._watching.done()):
+            self._watching = asyncio.get_running_loop().create_task(
+                self._await_failover(), name="aiolock-cluster-watch"
+            )
         if self._on_reset is not None:
             self._on_reset()
+
+    async def _await_failover(self) -> None:
+        """A node's pub/sub link was lost: the node may be dead and its replica
+        about to be promoted. Nothing else may ask for the map meanwhile (its
+        waiters are parked, its listener only retries the dead node), so re-read
+        it every ``RESEND_CAP`` until it changes (``on_change`` then re-homes the
+        channels to the promoted replica) or for the topology's timeout (the
+        node came back as it was)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self._topology.timeout
+        self._changed.clear()
+        while not self._closed and not self._changed.is_set() and loop.time() < end:
+            try:
+                await self._topology.refresh()
+            except ConnectionFailedError:
+                pass  # (logged by the refresh) tried again
+            if self._changed.is_set():
+                return
+            await asyncio.sleep(RESEND_CAP)
 
     # -- the Listener interface -------------------------------------------------------------
 
@@ -676,6 +773,7 @@ class ShardedListener:
     async def aclose(self) -> None:
         self._closed = True
         await stop(self._rehoming)
+        await stop(self._watching)
         listeners = list(self._listeners.values())
         for listener in listeners:
             self._connects_closed += listener.connects

@@ -46,6 +46,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from .dialer import Dialer, Link
 from .errors import (
     ClientClosedError,
+    ConnectionFailedError,
     ServerRefusedError,
     ServerUnavailableError,
     UnsupportedServerError,
@@ -55,7 +56,7 @@ from .futures import stop
 from .hiredis import hiredis
 from .redis_compat import ConnectionFactory
 
-__all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Lane", "Orphan"]
+__all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Lane", "NotSent", "Orphan"]
 
 #: The errors that say a command did not run (an error reply, a refusal):
 #: an orphaned acquire that failed with one of these needs no undo.
@@ -68,6 +69,14 @@ _REPLY_CLASSES: dict[str, type[ResponseError] | type[BusyLoadingError]] = {
     "MASTERDOWN": MasterDownError,
     "TRYAGAIN": TryAgainError,
 }
+
+
+class NotSent(RedisConnectionError):
+    """The connection could not be opened, so the command was never written:
+    it did not run, and re-sending it (elsewhere) is safe. The cause of the
+    ConnectionFailedError such a command fails with (the OS' or redis-py's
+    error is its own ``__cause__``)."""
+
 
 #: Receives the reply (or the error) of a command whose caller stopped waiting.
 Orphan = Callable[[Any, BaseException | None], None]
@@ -230,7 +239,12 @@ class CommandConnection:
         except BaseException as exc:
             self._connect_task = None
             backlog, self._backlog = self._backlog, []
-            cause = exc if isinstance(exc, Exception) else RedisConnectionError(repr(exc))
+            cause: Exception = (
+                exc if isinstance(exc, Exception) else RedisConnectionError(repr(exc))
+            )
+            if type(from_redis(cause)) is ConnectionFailedError:  # not a refusal (AUTH...)
+                cause = NotSent(str(exc) or type(exc).__name__)
+                cause.__cause__ = exc
             for _, fut, orphan in backlog:
                 _fail(fut, orphan, cause)
             if not isinstance(exc, Exception):
