@@ -95,6 +95,8 @@ log = logging.getLogger("aiolock")
 
 #: Redirections (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) one command follows at most.
 MAX_REDIRECTS = 16
+#: Seconds a MOVED outranks a slot map read from a node that disagrees.
+MOVE_MEMORY = 1.0
 #: The oldest server a cluster-mode Client runs on (Valkey 7.2 reports 7.2.x).
 MIN_VERSION = (7, 0)
 #: The longest pause before re-sending a command that did not run (CLUSTERDOWN,
@@ -131,6 +133,9 @@ class Topology:
         self._slots: list[str | None] = [None] * 16384
         self._nodes: dict[str, ClusterNode] = {}
         self._factories: dict[str, ConnectionFactory] = {}
+        self.closed = False
+        # slot -> (the master a MOVED named, when): see _refresh.
+        self._recent_moves: dict[int, tuple[str, float]] = {}
         self._refreshing: asyncio.Task[None] | None = None
         self.refreshes = 0
         #: Called with the node names whose slots changed owner, after a refresh.
@@ -178,6 +183,7 @@ class Topology:
         """A MOVED said ``slot`` is served by ``name`` now: ``on_change`` runs at
         once (the refresh that follows compares with the corrected map, so it
         would not report this slot's change)."""
+        self._recent_moves[slot] = (name, asyncio.get_running_loop().time())
         if self._slots[slot] != name:
             self._slots[slot] = name
             self.refresh_soon()
@@ -193,6 +199,10 @@ class Topology:
         """Ask the cluster for its slot map now (sharing a refresh under way).
         Raises ConnectionFailedError if no known node answered with a map."""
         await asyncio.shield(self._start_refresh())
+
+    def _refresh_unless_closed(self) -> None:
+        if not self.closed:
+            self._start_refresh()
 
     def _start_refresh(self) -> asyncio.Task[None]:
         task = self._refreshing
@@ -232,6 +242,19 @@ class Topology:
             if nodes:
                 slots[slot] = nodes[0].name
                 self._nodes.setdefault(nodes[0].name, nodes[0])
+        # A MOVED of the last second beats a map that says otherwise: the node
+        # the map was read from may not have heard of the move yet (a slot's
+        # new owner spreads by gossip). Read again a moment later.
+        loop = asyncio.get_running_loop()
+        now, stale = loop.time(), False
+        for slot, (name, seen) in list(self._recent_moves.items()):
+            if now - seen > MOVE_MEMORY:
+                del self._recent_moves[slot]
+            elif slots[slot] != name:
+                slots[slot] = name
+                stale = True
+        if stale:
+            loop.call_later(MOVE_MEMORY / 2, self._refresh_unless_closed)
         changed = slots != self._slots
         self._slots = slots
         self.refreshes += 1
@@ -242,6 +265,7 @@ class Topology:
                 callback()
 
     async def aclose(self) -> None:
+        self.closed = True
         await stop(self._refreshing)
 
 
