@@ -105,6 +105,12 @@ class Client:
         question asked); ``False`` treats it as a standalone server. Cluster
         mode needs Redis 7.0 or Valkey 7.2 or newer on every node
         (``UnsupportedServerError`` at the first command otherwise).
+        ``UnsupportedServerError`` also when the mode does not match the
+        server: ``True`` on a standalone server (at the first command), or
+        ``False`` on a cluster node (at the first command for a key another
+        node serves: the node answers MOVED, which a standalone Client does
+        not follow). A ``cluster`` that is not a bool or None raises
+        ``InvalidArgumentTypeError`` here, before any I/O.
         """
         if not isinstance(url, str) or not url:
             raise InvalidArgumentTypeError(f"url must be a non-empty str, got {url!r}")

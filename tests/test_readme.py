@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 import aiolock
 from tests.cluster_servers import ClusterProcess
 from tests.core_util import eventually
@@ -69,7 +71,7 @@ def test_the_cluster_section_states_what_the_code_does() -> None:
     text = section("Cluster")
     assert f"at most {MAX_REDIRECTS} times" in text
     assert MIN_VERSION == (7, 0) and "Redis 7.0 or newer, or Valkey 7.2 or newer" in text
-    assert "+@all -@dangerous +info" in text
+    assert "+@all -@dangerous +info +role" in text
     assert "aiolock demo --cluster" in text
 
 
@@ -91,13 +93,18 @@ def test_the_cluster_example_runs_as_written(cluster_url: str, tmp_path: Path) -
     assert "one of 4 permits held" in proc.stdout, proc.stdout
 
 
-async def test_the_cluster_acl_line_is_enough(cluster: ClusterProcess) -> None:
+@pytest.mark.parametrize("without_role", [False, True], ids=["as-written", "without-role"])
+async def test_the_cluster_acl_line_is_enough(cluster: ClusterProcess, without_role: bool) -> None:
     # The README's ACL user, made on every node as it says, runs locks on
     # names of every master, and its waiters are woken by sharded pub/sub
-    # (within 5 s: without it they would wait out the 30 s lease).
-    line = re.search(r"^ *ACL SETUSER (locker .*\+info)$", section("Cluster"), re.M)
+    # (within 5 s: without it they would wait out the 30 s lease). A user
+    # without ROLE (the line before +role was added) still gets its
+    # wake-ups: its listener subscribes where the map says, warned once.
+    line = re.search(r"^ *ACL SETUSER (locker .*\+info \+role)$", section("Cluster"), re.M)
     assert line, "the Cluster section has no ACL SETUSER line"
     rules = line.group(1).split()
+    if without_role:
+        rules.remove("+role")
     for node in cluster.nodes:
         node.execute("ACL", "SETUSER", *rules)
     try:

@@ -25,10 +25,28 @@ re-sending is safe for each since the script did not run:
   exponential backoff, the map refreshed meanwhile;
 * ``NOSCRIPT``: the script cache is per node and not replicated (a promoted
   replica, a slot's new owner, a restarted node lack aiolock's scripts):
-  loaded on that node and the command re-sent once.
+  loaded on that node and the command re-sent once;
+* a connection to the slot's master that cannot be opened (refused, timed
+  out: the node died, a failover is under way): the command was never
+  written, so it is re-sent like CLUSTERDOWN, the map re-read meanwhile,
+  and at once when a refresh shows the promoted replica (``Topology.watch``;
+  no reconnect backoff towards a dead node).
 
-All of it is bounded: at most ``MAX_REDIRECTS`` redirections and at most
-``command_timeout`` seconds of backoff; then the caller gets the last error
+Failover (tests/test_cluster_failover.py): a master's death resets its
+connections, which bumps the Engine's connection epoch, so the verifier
+re-checks every hold at once (riding out the failover as above); a hold the
+promoted replica has is kept and renewed there, one it lacks (asynchronous
+replication lost the acquire) is reported lost (LockLostError). Another
+Client may take the lock on the promoted replica before the old holder's
+check lands (measured: tens to a couple of hundred milliseconds); its fencing
+token is the higher one (see scripts/_fence.lua). Scripts are loaded on each
+new connection and again on NOSCRIPT, so a promoted replica serves them.
+
+All of it is bounded: at most ``MAX_REDIRECTS`` redirections in a row
+(MOVED, ASK) and at most ``command_timeout`` seconds of backoff (TRYAGAIN,
+CLUSTERDOWN, an unreachable master; e.g. mid-migration a script whose keys
+are only partly on the importing node gets ASK then TRYAGAIN from Redis
+until the migration ends: it waits that out); then the caller gets the last error
 as a ``ServerUnavailableError`` (the command did not run: acquires and
 releases ride it out as they ride out an outage). A lost connection is not
 re-sent: the script may have run. It fails like a single connection's (the
@@ -40,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 from collections import ChainMap
 from collections.abc import Callable, Iterable
@@ -49,7 +68,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, ResponseError
 
-from .connection import CommandConnection, Orphan
+from .connection import CommandConnection, NotSent, Orphan
 from .errors import (
     ClientClosedError,
     ConnectionFailedError,
@@ -66,7 +85,9 @@ __all__ = [
     "ClusterMux",
     "ShardedListener",
     "Topology",
+    "check_version",
     "check_versions",
+    "server_version",
     "slot_of",
 ]
 
@@ -74,8 +95,13 @@ log = logging.getLogger("aiolock")
 
 #: Redirections (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) one command follows at most.
 MAX_REDIRECTS = 16
+#: Seconds a MOVED outranks a slot map read from a node that disagrees.
+MOVE_MEMORY = 1.0
 #: The oldest server a cluster-mode Client runs on (Valkey 7.2 reports 7.2.x).
 MIN_VERSION = (7, 0)
+#: The longest pause before re-sending a command that did not run (CLUSTERDOWN,
+#: TRYAGAIN, an unreachable master): a failover is noticed this soon after it ends.
+RESEND_CAP = 0.25
 _REDIRECT = re.compile(r"\b(MOVED|ASK) (\d+) (\S+):(\d+)")
 _EVAL = (b"EVALSHA", b"EVAL")
 
@@ -107,10 +133,20 @@ class Topology:
         self._slots: list[str | None] = [None] * 16384
         self._nodes: dict[str, ClusterNode] = {}
         self._factories: dict[str, ConnectionFactory] = {}
+        self.closed = False
+        # slot -> (the master a MOVED named, when): see _refresh.
+        self._recent_moves: dict[int, tuple[str, float]] = {}
         self._refreshing: asyncio.Task[None] | None = None
         self.refreshes = 0
         #: Called with the node names whose slots changed owner, after a refresh.
         self.on_change: Callable[[], None] | None = None
+        # Also called after a refresh that changed the map (see ``watch``).
+        self._watchers: list[Callable[[], None]] = []
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every refresh that changed the map (each
+        ``ClusterMux`` re-sends its commands waiting out a failover at once)."""
+        self._watchers.append(callback)
 
     def node(self, slot: int) -> str | None:
         return self._slots[slot]
@@ -144,18 +180,29 @@ class Topology:
         return self.factory(name)
 
     def moved(self, slot: int, name: str) -> None:
-        """A MOVED said ``slot`` is served by ``name`` now."""
+        """A MOVED said ``slot`` is served by ``name`` now: ``on_change`` runs at
+        once (the refresh that follows compares with the corrected map, so it
+        would not report this slot's change)."""
+        self._recent_moves[slot] = (name, asyncio.get_running_loop().time())
         if self._slots[slot] != name:
             self._slots[slot] = name
             self.refresh_soon()
+            if self.on_change is not None:
+                self.on_change()
 
     def refresh_soon(self) -> None:
-        """Refresh the map in the background (a no-op while one runs)."""
+        """Refresh the map in the background (a no-op while one runs). A failure
+        is logged by the refresh; the map stays as it was until the next one."""
         self._start_refresh()
 
     async def refresh(self) -> None:
-        """Ask the cluster for its slot map now (sharing a refresh under way)."""
+        """Ask the cluster for its slot map now (sharing a refresh under way).
+        Raises ConnectionFailedError if no known node answered with a map."""
         await asyncio.shield(self._start_refresh())
+
+    def _refresh_unless_closed(self) -> None:
+        if not self.closed:
+            self._start_refresh()
 
     def _start_refresh(self) -> asyncio.Task[None]:
         task = self._refreshing
@@ -179,6 +226,12 @@ class Topology:
                 else:
                     await manager.initialize()
         except Exception as exc:  # redis-py's RedisClusterException is no RedisError
+            if "Cluster mode is not enabled" in str(exc):
+                raise UnsupportedServerError(
+                    f"this server is not a Redis Cluster node ({exc}), and this Client "
+                    "was told it is one (cluster=True, or a redis.asyncio.RedisCluster). "
+                    "Use cluster=None (finds out) or False, or a redis.asyncio.Redis"
+                ) from exc
             log.warning("aiolock: could not refresh the cluster's slot map: %r", exc)
             raise ConnectionFailedError(
                 f"could not read the cluster's slot map from any known node: {exc!r}. "
@@ -189,13 +242,30 @@ class Topology:
             if nodes:
                 slots[slot] = nodes[0].name
                 self._nodes.setdefault(nodes[0].name, nodes[0])
+        # A MOVED of the last second beats a map that says otherwise: the node
+        # the map was read from may not have heard of the move yet (a slot's
+        # new owner spreads by gossip). Read again a moment later.
+        loop = asyncio.get_running_loop()
+        now, stale = loop.time(), False
+        for slot, (name, seen) in list(self._recent_moves.items()):
+            if now - seen > MOVE_MEMORY:
+                del self._recent_moves[slot]
+            elif slots[slot] != name:
+                slots[slot] = name
+                stale = True
+        if stale:
+            loop.call_later(MOVE_MEMORY / 2, self._refresh_unless_closed)
         changed = slots != self._slots
         self._slots = slots
         self.refreshes += 1
-        if changed and self.on_change is not None:
-            self.on_change()
+        if changed:
+            if self.on_change is not None:
+                self.on_change()
+            for callback in self._watchers:
+                callback()
 
     async def aclose(self) -> None:
+        self.closed = True
         await stop(self._refreshing)
 
 
@@ -223,6 +293,10 @@ class ClusterMux:
         self._on_connect = on_connect
         self._on_reset = on_reset
         self._connections: dict[str, CommandConnection] = {}
+        # Commands waiting to be re-sent (CLUSTERDOWN, TRYAGAIN, a dead master),
+        # with their timers: a map change re-sends them at once.
+        self._waiting: dict[_Command, tuple[asyncio.TimerHandle, BaseException]] = {}
+        topology.watch(self._resend_waiting)
         self._closed = False
         self._connects_closed = 0
         self.redirects = 0
@@ -238,6 +312,7 @@ class ClusterMux:
                 command_timeout=self._command_timeout,
                 on_connect=self._on_connect,
                 on_reset=self._lost,
+                redirects=True,
             )
         return conn
 
@@ -274,11 +349,11 @@ class ClusterMux:
             else:
                 fut.set_result(reply)
 
-        self._dispatch(args, done)
+        self._dispatch(args, done, fut.cancelled)
         return fut
 
     def send(self, *args: Any, callback: Orphan) -> None:
-        self._dispatch(args, callback)
+        self._dispatch(args, callback, None)
 
     async def call(self, *args: Any, orphan: Orphan | None = None) -> Any:
         fut = self.submit(*args, orphan=orphan)
@@ -290,20 +365,34 @@ class ClusterMux:
                 orphan(None if exc is not None else fut.result(), exc)
             raise
 
-    def _dispatch(self, args: tuple[Any, ...], done: Orphan) -> None:
+    def _dispatch(
+        self, args: tuple[Any, ...], done: Orphan, gone: Callable[[], bool] | None
+    ) -> None:
         if self._closed:
             done(None, ClientClosedError("the aiolock Client was closed; create a new one"))
             return
         key = command_key(args)
         if key is None:
             raise ValueError(f"aiolock: a cluster command needs a key: {args[:2]!r}")
-        _Command(self, args, slot_of(key), done).send()
+        _Command(self, args, slot_of(key), done, gone).send()
+
+    def _resend_waiting(self) -> None:
+        """The map changed (a replica was promoted, a slot moved): re-send every
+        waiting command now, to its slot's master in the new map."""
+        waiting, self._waiting = self._waiting, {}
+        for command, (timer, error) in waiting.items():
+            timer.cancel()
+            command._again(error)
 
     async def drain(self, seconds: float) -> None:
         await asyncio.gather(*(c.drain(seconds) for c in self._connections.values()))
 
     async def aclose(self) -> None:
         self._closed = True
+        waiting, self._waiting = self._waiting, {}
+        for command, (timer, error) in waiting.items():
+            timer.cancel()
+            command._again(error)  # fails it: the lane is closed
         connections, self._connections = list(self._connections.values()), {}
         for conn in connections:
             self._connects_closed += conn.connects
@@ -311,15 +400,40 @@ class ClusterMux:
 
 
 class _Command:
-    """One command in cluster mode, following redirections until it runs."""
+    """One command in cluster mode, following redirections until it runs.
 
-    __slots__ = ("_args", "_deadline", "_delay", "_done", "_mux", "_reloaded", "_slot", "_tries")
+    Each re-send happens only while somebody waits for the reply: if the
+    caller gave up (its future was cancelled, e.g. by its own timeout) or the
+    Client closed meanwhile, the command ends with the last error (it did not
+    run, so an orphan handler has nothing to undo) instead of running for
+    nobody.
+    """
 
-    def __init__(self, mux: ClusterMux, args: tuple[Any, ...], slot: int, done: Orphan) -> None:
+    __slots__ = (
+        "_args",
+        "_deadline",
+        "_delay",
+        "_done",
+        "_gone",
+        "_mux",
+        "_reloaded",
+        "_slot",
+        "_tries",
+    )
+
+    def __init__(
+        self,
+        mux: ClusterMux,
+        args: tuple[Any, ...],
+        slot: int,
+        done: Orphan,
+        gone: Callable[[], bool] | None,
+    ) -> None:
         self._mux = mux
         self._args = args
         self._slot = slot
         self._done = done
+        self._gone = gone  # True once the caller stopped waiting (None: send()'s callback)
         self._tries = 0
         self._delay = 0.0
         self._deadline = 0.0
@@ -342,11 +456,15 @@ class _Command:
             )
             return
         conn = mux.connection(name)
+        # ASKING and the command are written back to back on one connection
+        # (or queued back to back until it connects: the backlog keeps their
+        # order, after the connection's own script loads), so ASKING applies
+        # to this command and no other.
         if asking:
             conn.send(b"ASKING", callback=_ignore)
-        conn.send(*self._args, callback=lambda reply, error: self._reply(name, reply, error))
+        conn.send(*self._args, callback=lambda r, e: self._reply(name, asking, r, e))
 
-    def _reply(self, name: str, reply: Any, error: BaseException | None) -> None:
+    def _reply(self, name: str, asking: bool, reply: Any, error: BaseException | None) -> None:
         if error is None:
             self._done(reply, None)
             return
@@ -356,10 +474,24 @@ class _Command:
             if source is None or self._reloaded:
                 self._done(None, from_redis(error))
                 return
+            if self._given_up(error):
+                return
             self._reloaded = True
             conn = mux.connection(name)
             conn.send(b"SCRIPT", b"LOAD", source, callback=_ignore)
-            conn.send(*self._args, callback=lambda r, e: self._reply(name, r, e))
+            # Again where it was sent: an ASK target needs ASKING again.
+            if asking:
+                conn.send(b"ASKING", callback=_ignore)
+            conn.send(*self._args, callback=lambda r, e: self._reply(name, asking, r, e))
+            return
+        if isinstance(error.__cause__, NotSent):
+            # The node could not be reached, so the command was never written:
+            # re-sending is safe. The node may be gone for good (a failover in
+            # progress): re-read the map and re-send to the slot's master then,
+            # polling until the cluster has promoted a replica (not counted as
+            # a redirection: bounded by command_timeout only).
+            mux.topology.refresh_soon()
+            self._later(error)
             return
         code = getattr(error, "code", "")
         if code not in ("MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"):
@@ -378,6 +510,9 @@ class _Command:
             target = f"{match.group(3)}:{match.group(4)}"
             if code == "MOVED":
                 mux.topology.moved(int(match.group(2)), target)
+            if self._given_up(error):
+                return
+            if code == "MOVED":
                 self.send()
             else:
                 self.send(target, asking=True)
@@ -385,17 +520,39 @@ class _Command:
         mux.topology.refresh_soon()
         self._later(error)
 
+    def _given_up(self, error: BaseException) -> bool:
+        """End the command here (with ``error``: it did not run) if its caller
+        stopped waiting or the Client closed; say whether it did."""
+        if self._gone is not None and self._gone():
+            self._done(None, from_redis(error))
+            return True
+        if self._mux._closed:
+            self._done(None, ClientClosedError("the aiolock Client was closed; create a new one"))
+            return True
+        return False
+
     def _later(self, error: BaseException) -> None:
         """Re-send after a capped backoff, within ``command_timeout`` in all."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         if self._deadline == 0.0:
             self._deadline = now + self._mux._command_timeout
-        self._delay = min(max(self._delay * 2, 0.02), 0.5)
-        if now + self._delay > self._deadline or self._mux._closed:
+        self._delay = min(max(self._delay * 2, 0.02), RESEND_CAP)
+        if now + self._delay > self._deadline:
             self._done(None, error)
             return
-        loop.call_later(self._delay, self.send)
+        if self._given_up(error):
+            return
+        # A wait bounded by the deadline: the redirections count starts again
+        # (mid-migration, a multi-key script some of whose keys are not on the
+        # target yet goes ASK -> TRYAGAIN -> ASK... until SETSLOT NODE).
+        self._tries = 0
+        self._mux._waiting[self] = (loop.call_later(self._delay, self._again, error), error)
+
+    def _again(self, error: BaseException) -> None:
+        self._mux._waiting.pop(self, None)
+        if not self._given_up(error):
+            self.send()
 
 
 def _text(value: Any) -> bytes:
@@ -406,30 +563,51 @@ def _ignore(reply: Any, error: BaseException | None) -> None:
     return None
 
 
+def server_version(info: str) -> tuple[int, int] | None:
+    """The ``(major, minor)`` of ``redis_version`` in the text of ``INFO server``
+    (Valkey reports the Redis version it is compatible with there: 7.2.x), or
+    None if there is no such line."""
+    match = re.search(r"^redis_version:(\d+)\.(\d+)", info, re.M)
+    return None if match is None else (int(match.group(1)), int(match.group(2)))
+
+
+def check_version(name: str, info: str) -> None:
+    """Raise UnsupportedServerError if node ``name``'s ``INFO server`` text says
+    it is older than Redis 7.0 / Valkey 7.2 (no sharded pub/sub)."""
+    version = server_version(info)
+    if version is not None and version < MIN_VERSION:
+        raise UnsupportedServerError(
+            f"cluster node {name} runs Redis {version[0]}.{version[1]}; aiolock's cluster "
+            "mode needs Redis 7.0 or Valkey 7.2 or newer (sharded pub/sub, SPUBLISH from "
+            "scripts). Upgrade the cluster, or use a standalone server. Nothing was "
+            "changed in Redis"
+        )
+
+
 async def check_versions(mux: ClusterMux) -> None:
-    """Refuse a cluster of servers older than Redis 7.0 / Valkey 7.2 (no sharded pub/sub)."""
-    for name in mux.topology.masters():
-        conn = mux.connection(name)
-        try:
-            info = await conn.call(b"INFO", b"server")
-        except ServerRefusedError as exc:
-            if exc.code != "NOPERM":
-                raise
+    """``check_version`` on every master (one ``INFO server`` each, on the
+    command lane's connections: they are made now, as they will be used), all
+    at once. A master that cannot be reached is skipped (a Client may start
+    while one is dead and its replica not promoted yet: the nodes of one
+    cluster run one version); if none can be, its error is raised."""
+    names = mux.topology.masters()
+    replies = await asyncio.gather(
+        *(mux.connection(name).call(b"INFO", b"server") for name in names),
+        return_exceptions=True,
+    )
+    if replies and all(isinstance(r, ConnectionFailedError) for r in replies):
+        raise replies[0]
+    for name, info in zip(names, replies, strict=True):
+        if isinstance(info, ServerRefusedError) and info.code == "NOPERM":
             # An ACL user without INFO: SSUBSCRIBE and SPUBLISH fail on an old
             # server with their own clear error; nothing to check here.
             log.debug("aiolock: INFO refused on %s; the server's version is not checked", name)
             return
-        text = info.decode() if isinstance(info, bytes) else str(info)
-        match = re.search(r"^redis_version:(\d+)\.(\d+)", text, re.M)
-        if match is None:
+        if isinstance(info, ConnectionFailedError):
             continue
-        version = (int(match.group(1)), int(match.group(2)))
-        if version < MIN_VERSION:
-            raise UnsupportedServerError(
-                f"cluster node {name} runs Redis {version[0]}.{version[1]}; aiolock's cluster "
-                "mode needs Redis 7.0 or Valkey 7.2 or newer (sharded pub/sub, SPUBLISH from "
-                "scripts). Upgrade the cluster, or use a standalone server"
-            )
+        if isinstance(info, BaseException):
+            raise info
+        check_version(name, info.decode() if isinstance(info, bytes) else str(info))
 
 
 class ShardedListener:
@@ -442,8 +620,21 @@ class ShardedListener:
     channel with a ``sunsubscribe``, refuses it with ``MOVED``, or a slot map
     refresh shows it), its channels move, waiters and all, to the new
     master's listener; once subscribed there, their waiters are woken to try
-    again, since a release may have been published meanwhile. No waiter
-    hangs: every wait is bounded by the holder's TTL besides.
+    again, since a release may have been published meanwhile. A channel that
+    was refused or dropped and that the map (which may lag the cluster for a
+    moment) keeps where it is, is subscribed again, at most a second apart,
+    until a node takes it; a lingering channel (nobody waits on it) whose slot
+    moved is dropped. No waiter hangs: every wait is bounded by the holder's
+    TTL besides.
+
+    Safety: a grant goes to a Client only if the script's ``SPUBLISH`` counts
+    it, and SPUBLISH counts the subscribers of the node that ran it, a
+    master. A replica accepts ``SSUBSCRIBE`` for its master's slots and
+    relays the master's messages, uncounted; so each sharded link asks its
+    node ``ROLE`` first and subscribes (and acts on messages) only on a
+    master (see ``Listener._master``): this listener never takes a grant the
+    script did not count (classic pub/sub would: see ``_cluster_source`` in
+    scripts.py and tests/test_cluster_primitives.py).
     """
 
     def __init__(self, topology: Topology, *, on_reset: Callable[[], None] | None = None) -> None:
@@ -453,7 +644,12 @@ class ShardedListener:
         self._started = False
         self._closed = False
         self._rehoming: asyncio.Task[None] | None = None
+        self._watching: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        topology.watch(self._changed.set)
         self._connects_closed = 0
+        self._last_round = -math.inf  # loop time of the last re-homing round
+        self._pause = 0.0
 
     def _listener(self, name: str) -> Listener:
         listener = self._listeners.get(name)
@@ -480,8 +676,31 @@ class ShardedListener:
 
     def _lost(self) -> None:
         self._topology.refresh_soon()
+        if not self._closed and (self._watching is None or self._watching.done()):
+            self._watching = asyncio.get_running_loop().create_task(
+                self._await_failover(), name="aiolock-cluster-watch"
+            )
         if self._on_reset is not None:
             self._on_reset()
+
+    async def _await_failover(self) -> None:
+        """A node's pub/sub link was lost: the node may be dead and its replica
+        about to be promoted. Nothing else may ask for the map meanwhile (its
+        waiters are parked, its listener only retries the dead node), so re-read
+        it every ``RESEND_CAP`` until it changes (``on_change`` then re-homes the
+        channels to the promoted replica) or for the topology's timeout (the
+        node came back as it was)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self._topology.timeout
+        self._changed.clear()
+        while not self._closed and not self._changed.is_set() and loop.time() < end:
+            try:
+                await self._topology.refresh()
+            except ConnectionFailedError:
+                pass  # (logged by the refresh) tried again
+            if self._changed.is_set():
+                return
+            await asyncio.sleep(RESEND_CAP)
 
     # -- the Listener interface -------------------------------------------------------------
 
@@ -534,6 +753,18 @@ class ShardedListener:
             )
 
     async def _refresh_and_rehome(self) -> None:
+        """Refresh the map, move the channels whose slot moved, and subscribe
+        again those a node refused or dropped that stay where they are: no
+        channel is left unsubscribed while its slot is served. Refused again
+        within a second of the last round (the nodes do not agree yet: a slot's
+        new owner still being gossiped, a failover under way), it first waits,
+        longer each time, at most a second: one round a second at most."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_round < 1.0:
+            self._pause = min(max(self._pause * 2, 0.05), 1.0)
+            await asyncio.sleep(self._pause)
+        else:
+            self._pause = 0.0
         delay = 0.05
         while not self._closed:
             try:
@@ -543,6 +774,12 @@ class ShardedListener:
                 delay = min(delay * 2, 1.0)
                 continue
             self.rehome()
+            listeners = list(self._listeners.values())
+            for listener in listeners:
+                listener.resubscribe()
+            self._last_round = loop.time()
+            if any(listener.replica and listener.channels for listener in listeners):
+                loop.call_soon(self.moved)  # another round, until the map moves them
             return
 
     def rehome(self) -> None:
@@ -554,11 +791,13 @@ class ShardedListener:
                 home = self._topology.node(slot_of(name))
                 if home is not None and home != node:
                     listener.disown(channel)
-                    self._listener(home).adopt(channel)
+                    if channel.refs > 0:  # (a lingering one nobody waits on is dropped)
+                        self._listener(home).adopt(channel)
 
     async def aclose(self) -> None:
         self._closed = True
         await stop(self._rehoming)
+        await stop(self._watching)
         listeners = list(self._listeners.values())
         for listener in listeners:
             self._connects_closed += listener.connects

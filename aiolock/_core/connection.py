@@ -44,16 +44,23 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .dialer import Dialer, Link
-from .errors import ClientClosedError, ServerRefusedError, ServerUnavailableError, from_redis
+from .errors import (
+    ClientClosedError,
+    ConnectionFailedError,
+    ServerRefusedError,
+    ServerUnavailableError,
+    UnsupportedServerError,
+    from_redis,
+)
 from .futures import stop
 from .hiredis import hiredis
 from .redis_compat import ConnectionFactory
 
-__all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Lane", "Orphan"]
+__all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Lane", "NotSent", "Orphan"]
 
 #: The errors that say a command did not run (an error reply, a refusal):
 #: an orphaned acquire that failed with one of these needs no undo.
-DID_NOT_RUN = (ServerRefusedError, ServerUnavailableError, ResponseError)
+DID_NOT_RUN = (ServerRefusedError, ServerUnavailableError, UnsupportedServerError, ResponseError)
 
 # redis-py's class for an error reply, by its code (as redis-py's parser picks
 # it); the reply's full text is kept as the message.
@@ -62,6 +69,14 @@ _REPLY_CLASSES: dict[str, type[ResponseError] | type[BusyLoadingError]] = {
     "MASTERDOWN": MasterDownError,
     "TRYAGAIN": TryAgainError,
 }
+
+
+class NotSent(RedisConnectionError):
+    """The connection could not be opened, so the command was never written:
+    it did not run, and re-sending it (elsewhere) is safe. The cause of the
+    ConnectionFailedError such a command fails with (the OS' or redis-py's
+    error is its own ``__cause__``)."""
+
 
 #: Receives the reply (or the error) of a command whose caller stopped waiting.
 Orphan = Callable[[Any, BaseException | None], None]
@@ -98,9 +113,14 @@ class CommandConnection:
         command_timeout: float,
         on_connect: Callable[[], Iterable[tuple[Any, ...]]] = tuple,
         on_reset: Callable[[], None] | None = None,
+        redirects: bool = False,
     ) -> None:
         # on_reset: called when an established connection is lost (not on
         # close): the server behind the next one may have lost every key.
+        # redirects: a cluster node's lane (cluster.py follows MOVED and ASK);
+        # standalone, a MOVED or ASK reply means the server is a cluster node
+        # this Client was told is not one: UnsupportedServerError.
+        self.redirects = redirects
         self.dialer = Dialer(factory, on_reset=on_reset)
         self._command_timeout = command_timeout
         self._on_connect = on_connect
@@ -219,7 +239,12 @@ class CommandConnection:
         except BaseException as exc:
             self._connect_task = None
             backlog, self._backlog = self._backlog, []
-            cause = exc if isinstance(exc, Exception) else RedisConnectionError(repr(exc))
+            cause: Exception = (
+                exc if isinstance(exc, Exception) else RedisConnectionError(repr(exc))
+            )
+            if type(from_redis(cause)) is ConnectionFailedError:  # not a refusal (AUTH...)
+                cause = NotSent(str(exc) or type(exc).__name__)
+                cause.__cause__ = exc
             for _, fut, orphan in backlog:
                 _fail(fut, orphan, cause)
             if not isinstance(exc, Exception):
@@ -360,14 +385,26 @@ def pack(args: tuple[Any, ...]) -> bytes:
     return b"".join(parts)
 
 
-def _error(reply: Exception) -> Exception:
+def _error(reply: Exception, redirects: bool = True) -> Exception:
     """The exception for an error reply: NoScriptError (the script runner's
     business), ServerUnavailableError for a server that cannot serve for a
-    while (LOADING, BUSY, MASTERDOWN, TRYAGAIN: retried like an outage), else a
-    ServerRefusedError (WrongTypeError); caused by redis-py's exception."""
+    while (LOADING, BUSY, MASTERDOWN, TRYAGAIN: retried like an outage; MOVED,
+    ASK, CLUSTERDOWN: followed by a cluster lane), else a ServerRefusedError
+    (WrongTypeError); caused by redis-py's exception. Without ``redirects`` (a
+    standalone connection), MOVED or ASK is an UnsupportedServerError: the
+    server is a cluster node, and retrying would never reach the key's node."""
     message = str(reply)
     if message.startswith("NOSCRIPT"):
         return NoScriptError(message)
+    if not redirects and message.startswith(("MOVED ", "ASK ")):
+        error: Exception = UnsupportedServerError(
+            f"this server is a Redis Cluster node: it answered {message!r} (the key is "
+            "served by another node), and this Client runs in standalone mode "
+            "(cluster=False). Use cluster=True or None (Client.from_url(url) finds out "
+            "by itself), or pass a redis.asyncio.RedisCluster. The command did not run"
+        )
+        error.__cause__ = ResponseError(message)
+        return error
     cls = _REPLY_CLASSES.get(message.split(" ", 1)[0], ResponseError)
     cause = cls(message)
     error = from_redis(cause)
@@ -396,7 +433,7 @@ class _ReplyProtocol(asyncio.Protocol):
             if reply is False:
                 return
             if isinstance(reply, hiredis.ReplyError):
-                owner._deliver(None, _error(reply))
+                owner._deliver(None, _error(reply, owner.redirects))
             else:
                 owner._deliver(reply, None)
 

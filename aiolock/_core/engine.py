@@ -441,6 +441,9 @@ class Engine:
             self._cluster_client = self._make_cluster_client()
             self.owns_cluster_client = True
             await self.mux.aclose()
+            # Known now: if discovery fails below, the next command retries
+            # discovery (not the INFO, on the connection just closed).
+            self.cluster = True
         await self._start_cluster()
         self.cluster = True
         self._settled = True
@@ -462,7 +465,12 @@ class Engine:
             on_connect=self._preload,
             on_reset=reset,
         )
-        await check_versions(mux)
+        try:
+            await check_versions(mux)
+        except BaseException:
+            await mux.aclose()  # the next command starts over
+            await topology.aclose()
+            raise
         self.topology = topology
         self.watchdog.shard_by(slot_of, topology.node)
         self.mux = mux

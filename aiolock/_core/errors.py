@@ -96,8 +96,11 @@ class UnsupportedServerError(AiolockError):
     A cluster whose nodes run Redis older than 7.0 (or Valkey older than
     7.2): aiolock's cluster mode needs sharded pub/sub. Or a cluster node
     given as a plain ``redis.asyncio.Redis``: pass a
-    ``redis.asyncio.RedisCluster``, or use ``Client.from_url(url)``. The
-    message says which, and what to do. Nothing was changed in Redis.
+    ``redis.asyncio.RedisCluster``, or use ``Client.from_url(url)``. Or a
+    mode that does not match the server: ``cluster=False`` on a cluster node
+    (a MOVED or ASK reply; its ``__cause__`` is that reply), ``cluster=True``
+    on a standalone server. The message says which, and what to do. Nothing
+    was changed in Redis.
     """
 
 

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
+from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .connection import pack
@@ -53,6 +55,10 @@ _SUBSCRIBE_REPLIES = frozenset((b"subscribe", b"unsubscribe", b"ssubscribe", b"s
 WAKE_ONE = b"1"
 WAKE_ALL = b"*"
 _PING = pack((b"PING",))
+_REDIRECT = re.compile(r"(?:MOVED|ASK) (\d+) ")
+_ROLE = pack((b"ROLE",))
+#: ``_order``'s entry for a ROLE (no channel name is empty).
+_ROLE_DUE = (b"", False)
 
 
 class Channel:
@@ -236,6 +242,22 @@ class Listener:
         self._channels: dict[bytes, Channel] = {}
         # Replies still due per channel, in send order: True = subscribe.
         self._expect: dict[bytes, deque[bool]] = {}
+        # Sharded mode: every (un)subscription sent, in order (one channel per
+        # command, each answered by one reply: its (un)subscribe push or an
+        # error, which names no channel). Matching replies to it tells a
+        # server-sent sunsubscribe from a reply and an error from whom.
+        self._order: deque[tuple[bytes, bool]] = deque()
+        # Sharded mode: whether this link's node said it is a master. A
+        # replica accepts SSUBSCRIBE for its master's slots and passes on the
+        # master's SPUBLISH messages, but the master's SPUBLISH does not count
+        # its subscribers: a grant received there is one the script never
+        # recorded (two holders). So each session asks ROLE first, and
+        # subscribes (and acts on messages) only once the node says "master".
+        self._master = not sharded
+        #: Sharded mode: the node said it is a replica (its channels wait for
+        #: the slot map to move them; see ShardedListener).
+        self.replica = False
+        self._role_refused = False  # warned once that the ACL user may not run ROLE
         self._link: Link | None = None  # the connection, once connected
         # (Un)subscriptions of this loop iteration, sent together at its end
         # (100,000 waiters cancelled at once unsubscribe 1,000 channels in one
@@ -286,15 +308,29 @@ class Listener:
         channel.set_confirmed(False)
         channel.resync = True
         self._channels[channel.name] = channel
-        self._expect.pop(channel.name, None)  # replies due from an earlier stay are stale
         self._send(self._subscribe, [channel.name])
         self._wanted.set()
+
+    def resubscribe(self) -> None:
+        """Subscribe again each channel that is not confirmed and has no reply
+        due (cluster mode: a node refused it, with MOVED or CLUSTERDOWN, or
+        dropped it, and the slot map says it belongs here after all). Its
+        waiters are woken once it is confirmed. On a link whose node said it
+        is a replica, the node is asked its role again instead (it may have
+        been made a master since)."""
+        if not self._master:
+            if self._channels:
+                self._send(self._subscribe, [])  # (asks the role again: see _send)
+            return
+        for name, channel in self._channels.items():
+            if not channel.is_confirmed and not self._expect.get(name):
+                channel.resync = True
+                self._send(self._subscribe, [name])
 
     def disown(self, channel: Channel) -> None:
         """Give ``channel`` up to another node's listener (see ``adopt``)."""
         if self._channels.get(channel.name) is channel:
             del self._channels[channel.name]
-            self._expect.pop(channel.name, None)
             self._send(self._unsubscribe_cmd, [channel.name])
 
     def unregister(self, channel: Channel, *, linger: bool = False) -> None:
@@ -343,8 +379,17 @@ class Listener:
         link = self._link
         if link is None:
             return  # (re)connecting: the session subscribes the whole set
+        subscribe = command == self._subscribe
+        if subscribe and not self._master:
+            # Subscribed once the node says it is a master (_role). It said
+            # "replica" last time: ask again (it may have been made a master).
+            if self.replica and _ROLE_DUE not in self._order:
+                self._ask_role()
+            return
         for name in names:
-            self._expect.setdefault(name, deque()).append(command == self._subscribe)
+            self._expect.setdefault(name, deque()).append(subscribe)
+            if self.sharded:
+                self._order.append((name, subscribe))
         batch = self._batch
         if batch and self._batch_link is link:
             if batch[-1][0] == command:
@@ -356,13 +401,48 @@ class Listener:
         self._batch_link = link
         asyncio.get_running_loop().call_soon(self._flush)
 
+    def _ask_role(self) -> None:
+        """Sharded mode: ask the node its role (ROLE), in order with the
+        (un)subscriptions; nothing is subscribed until it answers "master"."""
+        link = self._link
+        if link is None:
+            return
+        self._master = False
+        self._order.append(_ROLE_DUE)
+        if self._batch and self._batch_link is link:
+            self._batch.append((b"ROLE", [b""]))
+            return
+        self._batch = [(b"ROLE", [b""])]
+        self._batch_link = link
+        asyncio.get_running_loop().call_soon(self._flush)
+
+    def _role(self, master: bool) -> None:
+        """The node answered ROLE: a master's link subscribes every channel; a
+        replica's subscribes none (see ``_master``) and asks for a fresh slot map."""
+        self.replica = not master
+        if master:
+            self._master = True
+            if self._channels:
+                self._send(self._subscribe, list(self._channels))
+            return
+        log.warning(
+            "aiolock listener: a node the slot map names a master is a replica now; "
+            "its channels wait for the map to move them"
+        )
+        if self._on_moved is not None:
+            self._on_moved()
+
     def _flush(self) -> None:
         batch, self._batch = self._batch, []
         link, self._batch_link = self._batch_link, None
         if link is None or link is not self._link:
             return  # the connection went: the next session subscribes the whole set
         if self.sharded:  # one command per channel: a sharded command's channels share a slot
-            data = b"".join(pack((command, name)) for command, names in batch for name in names)
+            data = b"".join(
+                _ROLE if command == b"ROLE" else pack((command, name))
+                for command, names in batch
+                for name in names
+            )
         else:
             data = b"".join(pack((command, *names)) for command, names in batch)
         try:
@@ -400,6 +480,7 @@ class Listener:
                     channel.set_confirmed(False)
                     channel.resync = True
                 self._expect.clear()
+                self._order.clear()
                 if self._link is not None and not self._closed:
                     dialer.lost()
                 await self._disconnect()
@@ -415,7 +496,9 @@ class Listener:
             lambda link: _PubSubProtocol(self, link, ended), self._health_interval * 2
         )
         self._ping_outstanding = False
-        if self._channels:
+        if self.sharded:
+            self._ask_role()  # subscribes once the node says it is a master
+        elif self._channels:
             self._send(self._subscribe, list(self._channels))
         self._health_handle = loop.call_later(self._health_interval, self._health_check)
         try:
@@ -454,6 +537,8 @@ class Listener:
         CLUSTERDOWN says a channel belongs to another node (or none, during a
         failover): the channels are re-homed from a fresh slot map."""
         message = str(reply)
+        if self.sharded:
+            self._answered(message)
         if (
             self.sharded
             and self._on_moved is not None
@@ -463,6 +548,62 @@ class Listener:
             return
         log.warning("aiolock listener: Redis answered %s", reply)
 
+    def _answered(self, error: str) -> None:
+        """Sharded mode: the (un)subscription first in ``_order`` was refused
+        with ``error``: no reply for it is due any more. (A MOVED or ASK that
+        names another slot answers a command already matched: see
+        ``_dispatch``, a server-sent sunsubscribe taken for its reply.)"""
+        if not self._order:
+            return
+        if self._order[0] is _ROLE_DUE:
+            self._order.popleft()
+            if error.startswith("NOPERM"):
+                # An ACL user without ROLE: subscribe as on a master (the map
+                # names it one), warned once; the README's ACL line grants ROLE.
+                if not self._role_refused:
+                    self._role_refused = True
+                    log.warning(
+                        "aiolock listener: the ACL user may not run ROLE, so a node the "
+                        "slot map names a master is not checked to be one; grant +role"
+                    )
+                self._role(True)
+                return
+            # ROLE refused otherwise: the link is still subscribed somewhere
+            if self._link is not None:
+                self._link.abort()  # the next session asks first
+            return
+        name, _ = self._order[0]
+        match = _REDIRECT.match(error)
+        if match is not None and int(match.group(1)) != key_slot(name):
+            return
+        self._order.popleft()
+        expect = self._expect.get(name)
+        if expect:
+            expect.popleft()
+            if not expect:
+                del self._expect[name]
+
+    def _dropped(self, name: bytes, left: object = None) -> None:
+        """A sunsubscribe nobody asked for: the server dropped the channel (its
+        slot moved, a failover). Listen again where the slot is now.
+
+        ``left``: the subscriptions the link has left. None left (sharded
+        mode): the node may have been made a replica (it drops every
+        subscription then), so it is asked its role again before anything
+        more is subscribed on the link (ROLE is allowed again on a link with
+        no subscription)."""
+        channel = self._channels.get(name)
+        if channel is not None:
+            channel.set_confirmed(False)
+            channel.resync = True
+            if self._on_moved is not None:
+                self._on_moved()
+        if self.sharded and left == 0 and self._master:
+            for other in self._channels.values():
+                other.set_confirmed(False)
+                other.resync = True
+            self._ask_role()
+
     def _dispatch(self, reply: object) -> None:
         if not isinstance(reply, list) or not reply:
             # A PING answered outside subscribed mode (no channel left): a
@@ -471,22 +612,29 @@ class Listener:
                 self._ping_outstanding = False
             return
         kind = reply[0]
+        if self.sharded and self._order and self._order[0] is _ROLE_DUE:
+            if kind in (b"master", b"slave", b"replica", b"sentinel"):
+                self._order.popleft()
+                self._role(kind == b"master")
+                return
+        if kind == b"smessage" and not self._master:
+            return  # never acted on: see _master
         if kind == b"message" or kind == b"smessage":
             channel = self._channels.get(reply[1])
             if channel is not None:
                 channel.wake(reply[2])
         elif kind in _SUBSCRIBE_REPLIES:
             name = reply[1]
+            if self.sharded:
+                order = self._order
+                if order and order[0] == (name, kind == b"ssubscribe"):
+                    order.popleft()  # the reply to the first command due
+                elif kind == b"sunsubscribe":
+                    self._dropped(name, reply[2] if len(reply) > 2 else None)  # server-sent
+                    return
             expect = self._expect.get(name)
             if not expect and kind == b"sunsubscribe":
-                # Not asked for: the server dropped the channel (its slot
-                # moved, a failover). Listen again where the slot is now.
-                channel = self._channels.get(name)
-                if channel is not None:
-                    channel.set_confirmed(False)
-                    channel.resync = True
-                    if self._on_moved is not None:
-                        self._on_moved()
+                self._dropped(name)
                 return
             if expect:
                 expect.popleft()

@@ -200,7 +200,10 @@ class SignalHub:
         factory_for = self._factory_for
         factory = self._factory if factory_for is None else factory_for(key)
         conn = CommandConnection(
-            factory, command_timeout=self._command_timeout, on_connect=connected
+            factory,
+            command_timeout=self._command_timeout,
+            on_connect=connected,
+            redirects=factory_for is not None,
         )
         dialer = conn.dialer
         try:
@@ -219,7 +222,10 @@ class SignalHub:
                         await conn.aclose()
                         factory = factory_for(key)
                         conn = CommandConnection(
-                            factory, command_timeout=self._command_timeout, on_connect=connected
+                            factory,
+                            command_timeout=self._command_timeout,
+                            on_connect=connected,
+                            redirects=True,
                         )
                         conn.dialer.failed()
                         dialer = conn.dialer

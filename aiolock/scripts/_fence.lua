@@ -11,6 +11,14 @@
 --   After expiry (or a restart that lost the data) the clock floor keeps
 --   tokens increasing: a token runs ahead of the clock by at most one
 --   microsecond per acquisition issued within the same microsecond.
+--   Cluster failover: replication is asynchronous, so a promoted replica may
+--   lack the master's last writes to `t` (and the hold itself). The clock
+--   floor covers that too: the new master's clock passed every token the old
+--   one issued as long as the two nodes' clocks differ by less than the
+--   failover took (at least cluster-node-timeout; tokens run ahead of the
+--   clock by ~reserve microseconds only). A manual CLUSTER FAILOVER waits for
+--   the replica to catch up and loses nothing; FORCE/TAKEOVER can be faster
+--   than a clock skew, and then the order rests on the clocks alone.
 local function next_token(fence_key, retention_ms, reserve)
     local now = redis.call('TIME')
     local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
