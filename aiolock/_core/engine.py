@@ -34,7 +34,7 @@ import asyncio
 import logging
 import math
 import secrets
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Hashable
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -43,7 +43,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .cluster import ClusterMux, ShardedListener, Topology, check_versions
+from .cluster import ClusterMux, ShardedListener, Topology, check_versions, slot_of
 from .connection import CommandConnection, Lane, Orphan
 from .errors import (
     ClientClosedError,
@@ -381,6 +381,14 @@ class Engine:
         """
         return self.mux
 
+    def shard(self, key: Any) -> Hashable:
+        """Which server serves ``key``: in cluster mode the name (``host:port``)
+        of the master of its slot by the current slot map (None while no
+        master serves it), standalone None (one server). Calls of keys of one
+        shard may share a batch (the watchdog's renewals)."""
+        topology = self.topology
+        return None if topology is None else topology.node(slot_of(key))
+
     async def call(self, key: Any, *command: Any) -> Any:
         """Send a plain command about ``key`` (its first argument after the name)
         and return the reply, e.g. ``call(key, b"PTTL", key)``."""
@@ -464,6 +472,7 @@ class Engine:
             await topology.aclose()
             raise
         self.topology = topology
+        self.watchdog.shard_by(slot_of, topology.node)
         self.mux = mux
         self.renew_mux = ClusterMux(
             topology,

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any, Protocol
 
+from .cluster import Topology
 from .connection import Lane, Orphan
 from .errors import LockNotOwnedError
 from .futures import Outcome
 from .lease import Hold, HoldEngine, Lease, LostCallback, call_lost_callback
 from .scripts import refused
+from .spread import renew_spread
 from .validate import to_ms
 from .watchdog import Watchdog
 
@@ -45,6 +47,11 @@ class HoldOwner(HoldEngine, Protocol):
 
     @property
     def renew_mux(self) -> Lane: ...
+
+    @property
+    def topology(self) -> Topology | None: ...
+
+    def shard(self, key: Any) -> Hashable: ...
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
 
@@ -220,20 +227,37 @@ class Holds:
                 hold.timer.cancel()
                 hold.timer = loop.call_at(new_expiry, hold.gone, "the fixed lease expired")
 
-    def renew_batch(self, script: str, items: list[Any], lease: float) -> asyncio.Future[Any]:
+    def renew_batch(
+        self, script: str, items: Sequence[Any], lease: float
+    ) -> asyncio.Future[list[Any]]:
         """Renew ``items`` (to last at least ``lease`` seconds) in one script call,
-        on the watchdog's own connection.
+        on the watchdog's own connection; the future gets one result per item:
+        1 (renewed), 0 (gone) or, in cluster mode, the exception that failed
+        that item's part of the batch (see below). It fails as a whole if the
+        one call fails.
 
         A hold found alive is confirmed for the current connection epoch, if
         no connection was lost between the call and its reply.
+
+        Cluster mode: the items are expected on one node (the watchdog groups
+        them by ``Engine.shard``); more than one are renewed by
+        ``spread.renew_spread``: one call in the script's node form, split
+        if a slot moved or is migrating, never a hold lost for it.
         """
         engine = self.engine
-        keys = tuple(item.renew_key for item in items)
-        args: list[Any] = [to_ms(lease)]
-        for item in items:
-            args.extend(item.renew_args)
+        ms = to_ms(lease)
         epoch = engine.epoch
-        fut = asyncio.ensure_future(engine.eval(script, keys, tuple(args), mux=engine.renew_mux))
+        fut: asyncio.Future[list[Any]]
+        if engine.topology is not None and len(items) > 1:
+            fut = asyncio.ensure_future(renew_spread(engine, script, items, ms))
+        else:
+            keys = tuple(item.renew_key for item in items)
+            args: list[Any] = [ms]
+            for item in items:
+                args.extend(item.renew_args)
+            fut = asyncio.ensure_future(
+                engine.eval(script, keys, tuple(args), mux=engine.renew_mux)
+            )
 
         def confirm(fut: asyncio.Future[Any]) -> None:
             if fut.cancelled() or fut.exception() is not None or engine.epoch != epoch:

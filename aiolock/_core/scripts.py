@@ -22,20 +22,51 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 from .errors import WrongTypeError
 
-__all__ = ["CROSS_SLOT", "Script", "load_scripts", "refused", "script_names"]
+__all__ = [
+    "CROSS_SLOT",
+    "NODE",
+    "RENEWALS",
+    "Script",
+    "load_scripts",
+    "node_call",
+    "refused",
+    "script_names",
+]
 
 
-#: Scripts that take keys of many names (one per renewed hold): in cluster
-#: mode they run with the ``allow-cross-slot-keys`` flag, so that the
-#: watchdog renews all the holds of one node in one call.
-CROSS_SLOT = frozenset(
-    {"renew", "fair_renew", "fair_live", "rw_renew", "rw_renew_wait", "sem_renew", "multi_acquire"}
-)
+#: The watchdog's batch scripts: one key per renewed item (of many names),
+#: the same per-item result. In cluster mode each also has a *node form*
+#: (``name + NODE``, see ``_node_source``) that renews the items of many
+#: slots of one node in one call.
+RENEWALS = frozenset({"renew", "fair_renew", "fair_live", "rw_renew", "rw_renew_wait", "sem_renew"})
+#: Scripts that take keys of many names. In cluster mode they run with the
+#: ``allow-cross-slot-keys`` flag. Note what the flag allows: a script may
+#: *access* keys of other slots of its node that it did not declare; its
+#: declared KEYS must still share one slot (else CROSSSLOT, flag or not). So
+#: a call that spans slots declares one key and passes the others in ARGV
+#: (the renewals' node form).
+CROSS_SLOT = RENEWALS | {"multi_acquire"}
+#: The suffix of a renewal script's node form (cluster mode): ``"renew@node"``.
+NODE = "@node"
+# The node form's preamble: KEYS[1] (declared: it routes the call), ARGV[1] =
+# the number n of keys in all, ARGV[2..n] the other keys (undeclared), then the
+# script's own ARGV. The script's text reads KEYS_ and ARGV_ instead.
+_NODE_PREAMBLE = """\
+local KEYS_, ARGV_ = {KEYS[1]}, {}
+do
+    local n = tonumber(ARGV[1])
+    for i = 2, n do KEYS_[i] = ARGV[i] end
+    for i = n + 1, #ARGV do ARGV_[i - n] = ARGV[i] end
+end
+"""
+_KEYS_ARGV = re.compile(r"\b(KEYS|ARGV)\b")
 
 
 @functools.cache
@@ -51,14 +82,35 @@ def _cluster_source(name: str, source: str) -> str:
     to a waiting Client when PUBLISH reports a receiver: with classic pub/sub
     that could grant a hold Redis never recorded. SPUBLISH counts the
     subscribers of the slot's own shard, where each Client listens
-    (SSUBSCRIBE on the slot's master). The renewal scripts also get the
-    ``allow-cross-slot-keys`` flag (Redis 7.0+, Valkey 7.2+): their keys may
-    lie on many slots of one node.
+    (SSUBSCRIBE on the slot's master). The ``CROSS_SLOT`` scripts also get
+    the ``allow-cross-slot-keys`` flag (Redis 7.0+, Valkey 7.2+): keys they
+    access without declaring them may lie on other slots of the node.
     """
     text = source.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'")
     if name in CROSS_SLOT:
         text = "#!lua flags=allow-cross-slot-keys\n" + text
     return text
+
+
+def _node_source(source: str) -> str:
+    """A renewal script's node form, from its cluster text: the same script
+    over keys of many slots of one node, of which only the first is declared
+    (see ``_NODE_PREAMBLE`` and ``node_call``).
+
+    A key it touches that this node does not serve (its slot moved, or is
+    migrating and the key is gone already) fails the whole call ("Script
+    attempted to access a non local key"), never reads as missing: the caller
+    splits the batch then (holds.py). It must never run after an ``ASKING``:
+    a key of a slot this node imports would then read as missing.
+    """
+    flag, _, body = source.partition("\n")
+    return flag + "\n" + _NODE_PREAMBLE + _KEYS_ARGV.sub(r"\1_", body)
+
+
+def node_call(keys: list[Any], args: list[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The KEYS and ARGV of a node-form call (``name + NODE``) for ``keys`` and
+    the script's own ``args``: the first key declared, the rest in ARGV."""
+    return (keys[0],), (len(keys), *keys[1:], *args)
 
 
 def _expand(filename: str, included: set[str]) -> str:
@@ -88,7 +140,7 @@ class Script:
         source = _source(f"{name}.lua")
         if cluster:
             source = _cluster_source(name, source)
-        return cls(name, source, hashlib.sha1(source.encode("utf-8")).hexdigest())
+        return cls(name, source, _sha(source))
 
 
 def script_names() -> list[str]:
@@ -104,7 +156,16 @@ def script_names() -> list[str]:
 def load_scripts(*names: str, cluster: bool = False) -> dict[str, Script]:
     """Fresh Script objects for one Client (all of them when no name is given);
     ``cluster``: their cluster-mode text (see ``_cluster_source``)."""
-    return {name: Script.from_file(name, cluster) for name in names or script_names()}
+    scripts = {name: Script.from_file(name, cluster) for name in names or script_names()}
+    if cluster:
+        for name in RENEWALS & scripts.keys():
+            source = _node_source(scripts[name].source)
+            scripts[name + NODE] = Script(name + NODE, source, _sha(source))
+    return scripts
+
+
+def _sha(source: str) -> str:
+    return hashlib.sha1(source.encode("utf-8")).hexdigest()
 
 
 def refused(exc: BaseException) -> bool:

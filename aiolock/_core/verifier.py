@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .lease import Hold
-from .watchdog import plan_batches
+from .watchdog import group_batches
 
 __all__ = ["Verified", "Verifier"]
 
@@ -43,9 +43,16 @@ class Verified(Protocol):
     @property
     def states(self) -> Mapping[str, Any]: ...
 
+    @property
+    def cluster(self) -> bool | None: ...
+
     def loop_time(self) -> float: ...
 
-    def renew_batch(self, script: str, items: list[Any], lease: float) -> asyncio.Future[Any]: ...
+    def shard(self, key: Any) -> Hashable: ...
+
+    def renew_batch(
+        self, script: str, items: Sequence[Any], lease: float
+    ) -> asyncio.Future[list[Any]]: ...
 
 
 class Verifier:
@@ -110,19 +117,23 @@ class Verifier:
                 delay = min(delay * 2, 1.0)
 
     async def _verify_round(self, holds: list[Hold], sent: float) -> bool:
-        """One verification of ``holds``; False if some call failed."""
+        """One verification of ``holds``; False if some call failed.
+
+        Watchdog holds are checked in the watchdog's batches (by script and,
+        in cluster mode, by node: ``group_batches``); a fixed lease alone.
+        """
         engine = self.engine
         calls: list[tuple[list[Hold], float | None, asyncio.Future[Any]]] = []
-        by_script: dict[str, list[Hold]] = {}
+        watched: list[Hold] = []
         for hold in holds:
             if hold.watchdog:
-                by_script.setdefault(hold.renew_script, []).append(hold)
+                watched.append(hold)
             else:
                 fut = engine.renew_batch(hold.renew_script, [hold], hold.expires_at - sent)
                 calls.append(([hold], None, fut))
-        for script, group in by_script.items():
-            for batch in plan_batches(group):
-                calls.append((batch, engine.lease, engine.renew_batch(script, batch, engine.lease)))
+        shards = [engine.shard(h.renew_key) for h in watched] if engine.cluster else None
+        for script, batch in group_batches(watched, shards):
+            calls.append((batch, engine.lease, engine.renew_batch(script, batch, engine.lease)))
         results = await asyncio.gather(*(fut for _, _, fut in calls), return_exceptions=True)
         current = {h for state in list(engine.states.values()) for h in state.holds()}
         ok = True
@@ -134,6 +145,8 @@ class Verifier:
                 if alive == 1:
                     if lease is not None:
                         hold.renewed(sent, lease)
+                elif isinstance(alive, BaseException):
+                    ok = False
                 elif hold in current and hold.releasing is None:
                     hold.mark_lost(
                         "the server no longer has the hold (lost on a restart or failover)"
