@@ -212,11 +212,6 @@ async def test_fencing_tokens_per_name(make: MakeClient, cluster: ClusterProcess
     await assert_clean(client, other)
 
 
-@pytest.mark.xfail(
-    reason="the watchdog renews holds of several slots in one script (CROSSSLOT): "
-    "its per-node/per-slot batching is another branch of issue 11",
-    strict=False,
-)
 async def test_parts_are_renewed(make: MakeClient, cluster: ClusterProcess) -> None:
     """Each part is an ordinary hold: the watchdog renews it on its own master."""
     lease_s = 1.2
