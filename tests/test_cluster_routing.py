@@ -726,3 +726,60 @@ async def test_discovery_that_fails_at_first_is_tried_again(
     finally:
         with contextlib.suppress(redis.RedisError):
             seed.execute("CLUSTER", "ADDSLOTS", slot)
+
+
+async def test_a_slot_that_changes_master_has_its_holds_checked(
+    cluster: ClusterProcess, restore: list[int]
+) -> None:
+    """A slot's master changed without any connection of this Client lost (a
+    migration here; a FAILOVER FORCE or TAKEOVER looks the same): the new
+    master may lack the last writes, so the Client starts a new epoch and
+    checks its holds there. A hold that moved with its slot is confirmed and
+    kept; nothing is reported lost."""
+    source = cluster.masters()[0]
+    target = other_master(cluster, source)
+    name = name_on(cluster, source, tag="epoch")
+    async with Client.from_url(cluster.url) as client:
+        mux = await settled(client)
+        engine = engine_of(client)
+        slot = cluster.slot_of(client.key(name))
+        restore.append(slot)
+        lease = await client.lock(name).acquire()
+        try:
+            epoch, connects = engine.epoch, mux.connects
+            await asyncio.to_thread(cluster.migrate_slot, slot, target)
+            other = other_master(cluster, target)
+            await client.lock(name_on(cluster, other, tag="other")).acquire()  # no MOVED
+            assert engine.epoch == epoch  # nothing told the Client yet
+            # The next command on the slot gets MOVED: the map changes.
+            assert await client.lock(name).is_locked()
+            assert engine.epoch > epoch and mux.connects == connects  # no connection lost
+            verifier = engine.verifier
+            assert verifier is not None
+            await asyncio.wait_for(asyncio.shield(verifier), 10)
+            assert not lease.lost
+            assert target.execute("EXISTS", client.key(name)) == 1
+            await lease.release()
+        finally:
+            await asyncio.to_thread(migrate_back, cluster, slot, source)
+
+
+async def test_an_acl_user_without_cluster_slots_is_told_so(cluster: ClusterProcess) -> None:
+    """redis-py reports any refusal of CLUSTER SLOTS as "cluster mode is not
+    enabled"; aiolock finds the server's reply behind it: an ACL user that
+    may not run CLUSTER SLOTS gets ServerRefusedError NOPERM (with the ACL
+    advice), not "this is not a cluster node"."""
+    rules = ["on", ">s3cret", "~*", "&*", "+@all", "-cluster"]
+    for node in cluster.nodes:
+        node.execute("ACL", "SETUSER", "noslots", *rules)
+    try:
+        url = f"redis://noslots:s3cret@127.0.0.1:{cluster.nodes[0].port}/0"
+        async with Client.from_url(url, cluster=True) as client:
+            with pytest.raises(ServerRefusedError) as caught:
+                await client.lock("n").acquire(timeout=5)
+            assert caught.value.code == "NOPERM"
+            assert "CLUSTER SLOTS" in str(caught.value)
+            assert not isinstance(caught.value, UnsupportedServerError)
+    finally:
+        for node in cluster.nodes:
+            node.execute("ACL", "DELUSER", "noslots")

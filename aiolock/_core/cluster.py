@@ -66,10 +66,11 @@ from typing import Any
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
 from .connection import CommandConnection, NotSent, Orphan
 from .errors import (
+    AiolockError,
     ClientClosedError,
     ConnectionFailedError,
     ServerRefusedError,
@@ -226,6 +227,9 @@ class Topology:
                 else:
                     await manager.initialize()
         except Exception as exc:  # redis-py's RedisClusterException is no RedisError
+            refusal = _refusal(exc)
+            if isinstance(refusal, NoPermissionError):
+                raise from_redis(ResponseError(f"NOPERM {refusal}")) from refusal
             if "Cluster mode is not enabled" in str(exc):
                 raise UnsupportedServerError(
                     f"this server is not a Redis Cluster node ({exc}), and this Client "
@@ -555,6 +559,18 @@ class _Command:
             self.send()
 
 
+def _refusal(exc: BaseException) -> ResponseError | None:
+    """The server's error reply behind redis-py's discovery error, if any
+    (redis-py reports any refusal of CLUSTER SLOTS as "Cluster mode is not
+    enabled": the reply is in the exception's context)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ResponseError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _text(value: Any) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
@@ -680,6 +696,7 @@ class ShardedListener:
             self._watching = asyncio.get_running_loop().create_task(
                 self._await_failover(), name="aiolock-cluster-watch"
             )
+            self._watching.add_done_callback(retrieve)
         if self._on_reset is not None:
             self._on_reset()
 
@@ -696,7 +713,7 @@ class ShardedListener:
         while not self._closed and not self._changed.is_set() and loop.time() < end:
             try:
                 await self._topology.refresh()
-            except ConnectionFailedError:
+            except AiolockError:
                 pass  # (logged by the refresh) tried again
             if self._changed.is_set():
                 return
@@ -751,6 +768,7 @@ class ShardedListener:
             self._rehoming = asyncio.get_running_loop().create_task(
                 self._refresh_and_rehome(), name="aiolock-cluster-rehome"
             )
+            self._rehoming.add_done_callback(retrieve)
 
     async def _refresh_and_rehome(self) -> None:
         """Refresh the map, move the channels whose slot moved, and subscribe
@@ -769,7 +787,7 @@ class ShardedListener:
         while not self._closed:
             try:
                 await self._topology.refresh()
-            except ConnectionFailedError:
+            except AiolockError:  # (logged by the refresh) tried again
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue

@@ -287,6 +287,9 @@ class Engine:
                 await asyncio.wait(list(self.background), timeout=min(self.command_timeout, 2.0))
                 for task in list(self.background):
                     task.cancel()
+            # First: a mode switch under way would install connections after
+            # the ones below were closed.
+            await stop(self._settling)
             await self._verifier.aclose()
             await self.watchdog.aclose()
             await self.listener.aclose()
@@ -421,11 +424,10 @@ class Engine:
             try:
                 info = await self.mux.call(b"INFO", b"cluster")
             except ServerRefusedError as exc:
-                if exc.code != "NOPERM":
-                    raise
-                # An ACL user without INFO: a cluster would need CLUSTER SLOTS
-                # too, so take it for a standalone server (from_url(...,
-                # cluster=True) says otherwise).
+                # INFO refused (an ACL user without it, a renamed command, a
+                # proxy): take it for a standalone server; a cluster node would
+                # answer MOVED, which says so (from_url(..., cluster=True)).
+                log.info("aiolock: INFO refused (%s); taking the server for a standalone one", exc)
                 info = b""
             if b"cluster_enabled:1" not in info:
                 self.cluster = False
@@ -438,7 +440,14 @@ class Engine:
                     "(Client(RedisCluster(host=..., port=...))) or use "
                     "Client.from_url(url), which finds the cluster by itself"
                 )
-            self._cluster_client = self._make_cluster_client()
+            try:
+                self._cluster_client = self._make_cluster_client()
+            except Exception as exc:  # redis-py refuses the URL for a cluster (e.g. a db)
+                raise UnsupportedServerError(
+                    f"this server is a Redis Cluster node, but its URL cannot make a "
+                    f"cluster client: {exc}. Fix the URL (a cluster has database 0 only), "
+                    "or pass a redis.asyncio.RedisCluster"
+                ) from exc
             self.owns_cluster_client = True
             await self.mux.aclose()
             # Known now: if discovery fails below, the next command retries
@@ -454,7 +463,11 @@ class Engine:
         cluster variant of every script."""
         assert self._cluster_client is not None
         topology = Topology(self._cluster_client, self._client_name, self.command_timeout)
-        await topology.refresh()
+        try:
+            await topology.refresh()
+        except BaseException:  # (cancelled too: aclose() stopped us)
+            await topology.aclose()
+            raise
         self.scripts = load_scripts(cluster=True)
         sources = {s.sha.encode(): s.source.encode() for s in self.scripts.values()}
         reset = self._verifier.connection_reset
@@ -482,7 +495,15 @@ class Engine:
             on_reset=reset,
         )
         listener = ShardedListener(topology, on_reset=reset)
-        topology.on_change = listener.rehome
+
+        def changed() -> None:
+            # A slot has another master: its channels move, and the holds are
+            # checked (a replica promoted without any connection lost here, a
+            # FAILOVER FORCE or TAKEOVER, may lack the last writes).
+            listener.rehome()
+            reset()
+
+        topology.on_change = changed
         old, self.listener = self.listener, listener
         if self._started:
             listener.start()

@@ -200,6 +200,8 @@ _ADVICE = {
     "TRYAGAIN": "A cluster slot is being migrated: retry in a moment",
     "CLUSTERDOWN": "The cluster cannot serve this slot now (a failover in progress, or "
     "no master for it): retry after the failover",
+    "CROSSSLOT": "The keys of one command fell on several cluster slots: a lock name that "
+    "starts with '}' gives its keys an empty hash tag; rename it",
     "MOVED": "The cluster moved the slot again and again (a resharding in progress): retry",
     "ASK": "The cluster's slot migration kept redirecting the command: retry",
     "NOREPLICAS": "Not enough replicas are connected to accept writes",
