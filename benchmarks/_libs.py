@@ -146,7 +146,9 @@ class AiolockLib:
     ) -> None:
         import aiolock
 
-        self.client = aiolock.Client.from_url(url, prefix="bench", lease=lease, cluster=cluster)
+        # `cluster` only when asked for: an older aiolock (--aiolock-ref) has no such option.
+        options: dict[str, Any] = {} if cluster is False else {"cluster": cluster}
+        self.client = aiolock.Client.from_url(url, prefix="bench", lease=lease, **options)
         await self.client.__aenter__()
         self._locks: dict[str, Any] = {}
 
