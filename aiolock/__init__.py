@@ -38,6 +38,7 @@ from ._core.errors import LockLostError as LockLostError
 from ._core.errors import LockNotOwnedError as LockNotOwnedError
 from ._core.errors import LockTimeoutError as LockTimeoutError
 from ._core.errors import LockUpgradeError as LockUpgradeError
+from ._core.errors import ReplicationError as ReplicationError
 from ._core.errors import ServerRefusedError as ServerRefusedError
 from ._core.errors import ServerUnavailableError as ServerUnavailableError
 from ._core.errors import UnsupportedServerError as UnsupportedServerError
@@ -80,6 +81,7 @@ __all__ = [
     "Permit",
     "ReadLock",
     "ReadWriteLock",
+    "ReplicationError",
     "Semaphore",
     "ServerRefusedError",
     "ServerUnavailableError",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -23,7 +24,7 @@ from ._core.engine import Engine
 from ._core.errors import InvalidArgumentError, InvalidArgumentTypeError
 from ._core.keys import main_key
 from ._core.notify import Backoff
-from ._core.options import ClientStatistics, Notify, check_options
+from ._core.options import ClientStatistics, Notify, check_options, check_sentinels
 from ._primitives.fair import FairLock
 from ._primitives.latch import Latch
 from ._primitives.lock import AsyncLock
@@ -73,6 +74,9 @@ class Client:
         notify: Notify = "pubsub",
         command_timeout: float = 10.0,
         backoff: Backoff | None = None,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
+        wait_aof: bool = False,
     ) -> None:
         options = check_options(
             redis,
@@ -81,6 +85,9 @@ class Client:
             notify=notify,
             command_timeout=command_timeout,
             backoff=backoff,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
+            wait_aof=wait_aof,
         )
         self._engine = Engine(redis, options, cluster=None, cluster_client=None)
 
@@ -94,6 +101,9 @@ class Client:
         notify: Notify = "pubsub",
         command_timeout: float = 10.0,
         backoff: Backoff | None = None,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
+        wait_aof: bool = False,
         cluster: bool | None = None,
     ) -> Client:
         """A Client with its own connections to ``url`` (``redis://``, ``rediss://``, ``unix://``).
@@ -138,6 +148,9 @@ class Client:
             notify=notify,
             command_timeout=command_timeout,
             backoff=backoff,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
+            wait_aof=wait_aof,
         )
         client = cls.__new__(cls)
         client._engine = Engine(
@@ -146,6 +159,92 @@ class Client:
             cluster=cluster,
             cluster_client=lambda: RedisCluster.from_url(url),
         )
+        client._engine.owns_redis = True
+        return client
+
+    @classmethod
+    def from_sentinel(
+        cls,
+        sentinels: Sequence[tuple[str, int]],
+        service: str,
+        *,
+        prefix: str = "aiolock",
+        lease: float = 30.0,
+        notify: Notify = "pubsub",
+        command_timeout: float = 10.0,
+        backoff: Backoff | None = None,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
+        wait_aof: bool = False,
+        username: str | None = None,
+        password: str | None = None,
+        db: int = 0,
+        ssl: bool = False,
+        sentinel_username: str | None = None,
+        sentinel_password: str | None = None,
+        sentinel_ssl: bool = False,
+    ) -> Client:
+        """A Client on the master of ``service``, as the Sentinels at ``sentinels`` name it.
+
+        ``sentinels``: ``(host, port)`` pairs of the service's Sentinels (one
+        is enough; more keep discovery working while some are down).
+        ``username``, ``password``, ``db``, ``ssl``: the master's (and its
+        replicas') settings; ``sentinel_username``, ``sentinel_password``,
+        ``sentinel_ssl``: the Sentinels' own. The other options are
+        ``Client``'s.
+
+        The master is asked of the Sentinels on the first connect and again
+        whenever it stops being the master (a failover): a ``READONLY`` reply,
+        a lost connection, a role other than master on reconnect, or the
+        Sentinels' ``+switch-master``. Holds are then verified on the new
+        master (see "Surviving a failover" in the README). Bad arguments raise
+        ``InvalidArgumentError`` / ``InvalidArgumentTypeError`` here, before any I/O.
+        """
+        pairs = check_sentinels(sentinels)
+        if not isinstance(service, str) or not service:
+            raise InvalidArgumentTypeError(
+                f"service must be the non-empty name the Sentinels monitor (e.g. 'mymaster'), "
+                f"got {service!r}"
+            )
+        master_kwargs: dict[str, Any] = {"db": db}
+        sentinel_kwargs: dict[str, Any] = {}
+        for kwargs, user, secret, tls, what in (
+            (master_kwargs, username, password, ssl, ""),
+            (sentinel_kwargs, sentinel_username, sentinel_password, sentinel_ssl, "sentinel_"),
+        ):
+            if user is not None and not isinstance(user, str):
+                raise InvalidArgumentTypeError(
+                    f"{what}username must be a str or None, got {user!r}"
+                )
+            if secret is not None and not isinstance(secret, str):
+                raise InvalidArgumentTypeError(f"{what}password must be a str or None")
+            if not isinstance(tls, bool):
+                raise InvalidArgumentTypeError(f"{what}ssl must be True or False, got {tls!r}")
+            if user is not None:
+                kwargs["username"] = user
+            if secret is not None:
+                kwargs["password"] = secret
+            if tls:
+                kwargs["ssl"] = True
+        if isinstance(db, bool) or not isinstance(db, int) or db < 0:
+            raise InvalidArgumentTypeError(f"db must be an int >= 0, got {db!r}")
+        sentinel = aioredis.Sentinel(  # type: ignore[no-untyped-call]
+            pairs, sentinel_kwargs=sentinel_kwargs, **master_kwargs
+        )
+        redis = sentinel.master_for(service)
+        options = check_options(
+            redis,
+            prefix=prefix,
+            lease=lease,
+            notify=notify,
+            command_timeout=command_timeout,
+            backoff=backoff,
+            replicas=replicas,
+            replica_timeout=replica_timeout,
+            wait_aof=wait_aof,
+        )
+        client = cls.__new__(cls)
+        client._engine = Engine(redis, options, cluster=False, cluster_client=None)
         client._engine.owns_redis = True
         return client
 
@@ -207,6 +306,19 @@ class Client:
     @property
     def command_timeout(self) -> float:
         return self._engine.command_timeout
+
+    @property
+    def replicas(self) -> int:
+        """Replicas that acknowledge every acquisition and renewal (0: none asked)."""
+        return self._engine.replicas
+
+    @property
+    def replica_timeout(self) -> float:
+        return self._engine.replica_timeout
+
+    @property
+    def wait_aof(self) -> bool:
+        return self._engine.wait_aof
 
     @property
     def backoff(self) -> Backoff:

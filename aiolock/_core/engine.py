@@ -116,6 +116,10 @@ class Engine:
         self.notify: Notify = options.notify
         self.command_timeout = options.command_timeout
         self.backoff = options.backoff
+        #: Replicas that must acknowledge acquisitions and renewals (WAIT), and for how long.
+        self.replicas = options.replicas
+        self.replica_timeout = options.replica_timeout
+        self.wait_aof = options.wait_aof
         self.id = secrets.token_hex(16)
         self._redis = redis
         if isinstance(redis, RedisCluster):

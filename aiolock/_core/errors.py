@@ -23,6 +23,7 @@ __all__ = [
     "LockNotOwnedError",
     "LockTimeoutError",
     "LockUpgradeError",
+    "ReplicationError",
     "ServerRefusedError",
     "ServerUnavailableError",
     "UnsupportedServerError",
@@ -102,6 +103,26 @@ class UnsupportedServerError(AiolockError):
     on a standalone server. The message says which, and what to do. Nothing
     was changed in Redis.
     """
+
+
+class ReplicationError(AiolockError):
+    """Fewer replicas than the Client asks for (``replicas=N``) acknowledged
+    an acquisition within ``replica_timeout``.
+
+    The acquisition was undone: nothing of it is left in Redis (the lock was
+    released by its own token), and the caller does not hold it. A promoted
+    replica could have lacked it, so granting it would have promised
+    exclusion across a failover that the servers could not keep.
+
+    ``acknowledged`` is how many replicas acknowledged it, ``required`` how
+    many were asked for. Retry later, or check the replicas (``INFO
+    replication`` on the master: ``connected_slaves`` and their lag).
+    """
+
+    def __init__(self, message: str, *, acknowledged: int = 0, required: int = 0) -> None:
+        super().__init__(message)
+        self.acknowledged = acknowledged
+        self.required = required
 
 
 class AsyncioRequiredError(AiolockError, RuntimeError):

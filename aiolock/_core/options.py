@@ -17,7 +17,7 @@ from .errors import InvalidArgumentError, InvalidArgumentTypeError
 from .notify import Backoff
 from .validate import check_lease, check_prefix, check_seconds
 
-__all__ = ["ClientStatistics", "Notify", "Options", "check_options"]
+__all__ = ["ClientStatistics", "Notify", "Options", "check_options", "check_sentinels"]
 
 Notify = Literal["pubsub", "list", "poll"]
 _NOTIFY_MODES = ("pubsub", "list", "poll")
@@ -32,6 +32,12 @@ class Options:
     notify: Notify
     command_timeout: float
     backoff: Backoff
+    replicas: int = 0
+    """Replicas that must acknowledge (WAIT) every acquisition and renewal; 0: none asked."""
+    replica_timeout: float = 1.0
+    """How long one WAIT may wait for them, in seconds."""
+    wait_aof: bool = False
+    """WAITAOF instead of WAIT: the master and ``replicas`` replicas fsynced the write."""
 
 
 def check_options(
@@ -42,6 +48,9 @@ def check_options(
     notify: Notify,
     command_timeout: float,
     backoff: Backoff | None,
+    replicas: int = 0,
+    replica_timeout: float = 1.0,
+    wait_aof: bool = False,
 ) -> Options:
     """Check a Client's arguments: the options, or a typed error naming the wrong one."""
     if not isinstance(redis, aioredis.Redis | RedisCluster):
@@ -64,7 +73,62 @@ def check_options(
         raise InvalidArgumentTypeError(
             f"backoff must be an aiolock.Backoff, got {type(backoff).__name__}"
         )
-    return Options(prefix, lease_s, notify, timeout, backoff or Backoff())
+    if isinstance(replicas, bool) or not isinstance(replicas, int):
+        raise InvalidArgumentTypeError(
+            f"replicas must be an int (how many replicas must acknowledge each "
+            f"acquisition; 0: none), got {type(replicas).__name__}: {replicas!r}"
+        )
+    if replicas < 0:
+        raise InvalidArgumentError(f"replicas must be 0 or more, got {replicas!r}")
+    if not isinstance(wait_aof, bool):
+        raise InvalidArgumentTypeError(f"wait_aof must be True or False, got {wait_aof!r}")
+    wait_s = check_seconds(replica_timeout, "replica_timeout", allow_zero=False)
+    if (replicas or wait_aof) and wait_s > lease_s / 3:
+        raise InvalidArgumentError(
+            f"replica_timeout ({replica_timeout!r} s) must be at most a third of the lease "
+            f"({lease_s:g} s): the watchdog renews every lease / 3, and each renewal waits "
+            "for the replicas too. Lower replica_timeout or raise lease"
+        )
+    return Options(
+        prefix,
+        lease_s,
+        notify,
+        timeout,
+        backoff or Backoff(),
+        replicas,
+        wait_s,
+        wait_aof,
+    )
+
+
+def check_sentinels(sentinels: object) -> list[tuple[str, int]]:
+    """``Client.from_sentinel``'s Sentinel addresses: a non-empty sequence of
+    ``(host, port)`` pairs, or a typed error naming the wrong one."""
+    if isinstance(sentinels, str | bytes) or not isinstance(sentinels, list | tuple):
+        raise InvalidArgumentTypeError(
+            f"sentinels must be a list of (host, port) pairs, e.g. [('10.0.0.1', 26379)], "
+            f"got {type(sentinels).__name__}: {sentinels!r}"
+        )
+    if not sentinels:
+        raise InvalidArgumentError("sentinels must name at least one (host, port) Sentinel")
+    pairs: list[tuple[str, int]] = []
+    for item in sentinels:
+        if not (
+            isinstance(item, list | tuple)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and item[0]
+            and isinstance(item[1], int)
+            and not isinstance(item[1], bool)
+        ):
+            raise InvalidArgumentTypeError(
+                f"each Sentinel must be a (host, port) pair, host a str and port an int, "
+                f"got {item!r}"
+            )
+        if not 0 < item[1] < 65536:
+            raise InvalidArgumentError(f"Sentinel port must be 1 to 65535, got {item[1]!r}")
+        pairs.append((item[0], item[1]))
+    return pairs
 
 
 @dataclass(frozen=True, slots=True)
