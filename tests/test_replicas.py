@@ -351,3 +351,20 @@ async def test_cluster_mode_is_refused_with_replicas() -> None:
     async with Client(RedisCluster(host="127.0.0.1", port=1), replicas=1) as client:
         with pytest.raises(UnsupportedServerError, match="not supported in Redis Cluster"):
             await client.lock("a").acquire()
+
+
+async def test_unacknowledged_extension_keeps_the_expiry(replicated_pair: ReplicatedPair) -> None:
+    """Lease.extend with a stalled replica: ReplicationError, the fixed lease's
+    expiry unchanged (the master's longer TTL is not promised)."""
+    pair = replicated_pair
+    async with client_for(pair) as client:
+        lease = await client.lock("a").acquire(lease=20)
+        expires_at = lease._hold.expires_at
+        pair.stall()
+        with pytest.raises(ReplicationError):
+            await lease.extend(60)
+        assert lease._hold.expires_at == expires_at
+        pair.resume()
+        await lease.extend(60)
+        assert lease._hold.expires_at > expires_at + 30
+        await lease.release()
