@@ -35,6 +35,7 @@ import logging
 import math
 import secrets
 from collections.abc import Callable, Coroutine, Hashable
+from functools import partial
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -60,6 +61,7 @@ from .notify import ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
 from .options import ClientStatistics, Notify, Options
 from .owner import task_serial
 from .redis_compat import ConnectionFactory, connection_factory
+from .replication import AckedConnection, Acknowledgement, Unacknowledged, acked_node
 from .scripts import Script, load_scripts
 from .undo import Call, OnReply, Undo
 from .validate import to_ms
@@ -120,6 +122,12 @@ class Engine:
         self.replicas = options.replicas
         self.replica_timeout = options.replica_timeout
         self.wait_aof = options.wait_aof
+        #: What "acknowledged" means (replication.py), or None: acquisitions are not waited for.
+        self.ack: Acknowledgement | None = (
+            Acknowledgement(self.replicas, self.replica_timeout, self.wait_aof)
+            if self.replicas or self.wait_aof
+            else None
+        )
         self.id = secrets.token_hex(16)
         self._redis = redis
         if isinstance(redis, RedisCluster):
@@ -180,12 +188,11 @@ class Engine:
         )
         # The watchdog's own lane: renewals never queue behind a burst of
         # acquires and releases on the main connection (connected on first use).
-        self.renew_mux: Lane = CommandConnection(
-            self._new_connection,
-            command_timeout=self.command_timeout,
-            on_connect=self._preload,
-            on_reset=self._verifier.connection_reset,
-        )
+        # With replicas acknowledging, each round of renewals is followed by a
+        # WAIT there (replication.py).
+        self.renew_mux: Lane = self._lane(renewals=True)
+        #: The acknowledged acquisitions' own lane (replication.py), with ``ack``.
+        self.acked_lane: Lane | None = self._lane(renewals=False) if self.ack is not None else None
         self.listener: Listener | ShardedListener = Listener(
             self._new_connection, on_reset=self._verifier.connection_reset
         )
@@ -204,6 +211,24 @@ class Engine:
         self.peek_state: Callable[[str], Any] = self.states.get
         self.lease_ms = to_ms(self.lease)
         self.retention_ms = to_ms(FENCE_RETENTION)
+
+    def _lane(self, *, renewals: bool) -> Lane:
+        """A standalone lane: acknowledged (``AckedConnection``) with ``ack``."""
+        if self.ack is None:
+            return CommandConnection(
+                self._new_connection,
+                command_timeout=self.command_timeout,
+                on_connect=self._preload,
+                on_reset=self._verifier.connection_reset,
+            )
+        return AckedConnection(
+            self._new_connection,
+            ack=self.ack,
+            renewals=renewals,
+            command_timeout=self.command_timeout,
+            on_connect=self._preload,
+            on_reset=self._verifier.connection_reset,
+        )
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -301,6 +326,8 @@ class Engine:
             await self.mux.drain(0.5)
             await self.mux.aclose()
             await self.renew_mux.aclose()
+            if self.acked_lane is not None:
+                await self.acked_lane.aclose()
         await stop(self._settling)
         if self.topology is not None:
             await self.topology.aclose()
@@ -319,7 +346,9 @@ class Engine:
             waiting=waiting,
             subscriptions=self.listener.active + self.signals.active,
             watched=len(self.watchdog),
-            in_flight=self.mux.in_flight + self.renew_mux.in_flight,
+            in_flight=self.mux.in_flight
+            + self.renew_mux.in_flight
+            + (self.acked_lane.in_flight if self.acked_lane is not None else 0),
             background=len(self.background),
             command_connects=self.mux.connects,
             pubsub_connects=self.listener.connects,
@@ -491,13 +520,30 @@ class Engine:
         self.topology = topology
         self.watchdog.shard_by(slot_of, topology.node)
         self.mux = mux
+        ack = self.ack
         self.renew_mux = ClusterMux(
             topology,
             command_timeout=self.command_timeout,
             scripts=lambda: sources,
             on_connect=self._preload,
             on_reset=reset,
+            node_connection=None if ack is None else partial(acked_node, ack, renewals=True),
         )
+        if ack is not None:
+            # One acknowledged connection per master for the acquisitions.
+            old_acked, self.acked_lane = (
+                self.acked_lane,
+                ClusterMux(
+                    topology,
+                    command_timeout=self.command_timeout,
+                    scripts=lambda: sources,
+                    on_connect=self._preload,
+                    on_reset=reset,
+                    node_connection=partial(acked_node, ack, renewals=False),
+                ),
+            )
+            if old_acked is not None:
+                await old_acked.aclose()
         listener = ShardedListener(topology, on_reset=reset)
 
         def changed() -> None:
@@ -574,10 +620,19 @@ class Engine:
     ) -> Any:
         """Run a script for ``keys[0]``; reload it once on NOSCRIPT (safe: NOSCRIPT
         means it did not run). ``orphan(reply, error)`` runs if the caller gives
-        up before the reply (see ``undo``); ``mux`` is the watchdog's own lane."""
+        up before the reply (see ``undo``); ``mux`` is the watchdog's own lane.
+
+        Every acquisition passes here with its ``orphan``: with ``replicas`` (or
+        ``wait_aof``) it runs on the acknowledged lane (replication.py) and
+        returns only once the replicas acknowledged it; else it was undone by
+        ``orphan`` and ReplicationError is raised.
+        """
         if not self._settled:
             await self._settle()
         script = self.scripts[name]
+        acked = self.acked_lane
+        if orphan is not None and mux is None and acked is not None:
+            return await self._eval_acked(acked, script, keys, args, orphan)
         mux = mux or self._route(keys[0])
         try:
             return await mux.call(b"EVALSHA", script.sha, len(keys), *keys, *args, orphan=orphan)
@@ -589,6 +644,28 @@ class Engine:
                 )
             except NoScriptError as exc:  # flushed again at once: give up
                 raise from_redis(exc) from exc
+
+    async def _eval_acked(
+        self,
+        lane: Lane,
+        script: Script,
+        keys: tuple[Any, ...],
+        args: tuple[Any, ...],
+        orphan: Orphan,
+    ) -> Any:
+        command = (b"EVALSHA", script.sha, len(keys), *keys, *args)
+        for reloaded in (False, True):
+            try:
+                return await lane.call(*command, orphan=orphan)
+            except Unacknowledged as exc:
+                # Granted but not acknowledged: undo exactly what it took.
+                orphan(exc.reply, None)
+                raise exc.error from exc.error.__cause__
+            except NoScriptError as exc:  # (standalone: a cluster lane reloads by itself)
+                if reloaded:
+                    raise from_redis(exc) from exc
+                await lane.call(b"SCRIPT", b"LOAD", script.source)
+        raise AssertionError("unreachable")
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
