@@ -527,10 +527,11 @@ class Redlock:
     async def _release(self, hold: Hold, outcome: asyncio.Future[int]) -> None:
         """Release ``hold`` on every master (each retried, in the background).
 
-        Decided once a master confirms it deleted the key and the others had
-        ``MASTER_TIMEOUT`` to answer (a paused master does not hold the
-        release up); with no confirmation yet, once every master answered or
-        failed for good. The releases still running go on in the background.
+        Decided once a majority confirmed they deleted the key, or once one
+        did and the others had ``MASTER_TIMEOUT`` to answer (a paused master
+        does not hold the release up); with no confirmation yet, once every
+        master answered or failed for good. The releases still running go on
+        in the background.
         """
         name, value = hold.name, hold.release_args[0]
 
@@ -544,9 +545,21 @@ class Redlock:
 
         tasks = [self._spawn(one(m)) for m in self._masters]
         try:
-            done, pending = await asyncio.wait(tasks, timeout=MASTER_TIMEOUT)
-            if pending and not any(t.result() == 1 for t in done):
-                await asyncio.wait(tasks)
+            loop = asyncio.get_running_loop()
+            end = loop.time() + MASTER_TIMEOUT
+            pending: set[asyncio.Task[Any]] = set(tasks)
+            while pending:
+                confirmed = sum(1 for t in tasks if t.done() and t.result() == 1)
+                if confirmed >= self.majority:
+                    break  # released on a majority: nobody else can hold it through us
+                left = end - loop.time()
+                if left <= 0 and confirmed:
+                    break
+                _, pending = await asyncio.wait(
+                    pending,
+                    timeout=left if left > 0 and confirmed else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
         except BaseException as exc:  # cancelled (the Client closing)
             hold.releasing = None
             hold.mark_lost(f"release failed: {exc!r}")
