@@ -77,6 +77,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import NoScriptError
+
 from ._client import Client
 from ._core.engine import FENCE_RETENTION
 from ._core.errors import (
@@ -352,6 +354,24 @@ class Redlock:
                 )
         return task
 
+    async def _settle(self) -> None:
+        """Have every Client find out its mode (one INFO on first use), so that
+        a round sends at once, in order, on every master it reaches; refuse
+        cluster mode."""
+        unsettled = [m.engine for m in self._masters if m.engine.cluster is None]
+        if unsettled:
+            # At most MASTER_TIMEOUT (a paused master): a master not settled by
+            # then is left out of this attempt (and tried again by the next).
+            tasks = [asyncio.ensure_future(e.is_cluster()) for e in unsettled]
+            for task in tasks:
+                task.add_done_callback(_collect)
+            await asyncio.wait(tasks, timeout=MASTER_TIMEOUT)
+        if any(m.engine.cluster for m in self._masters):
+            raise UnsupportedServerError(
+                "Redlock needs standalone masters (one Client per independent server); "
+                "a Client here is in cluster mode"
+            )
+
     def _validity(self, lease: float) -> float:
         return lease - self.drift * lease - CLOCK_SLACK
 
@@ -392,6 +412,78 @@ class Redlock:
             _cancel_all(list(tasks))
         return replies
 
+    async def _round(
+        self,
+        script: str,
+        call: Callable[[_Master], tuple[tuple[Any, ...], tuple[Any, ...]]],
+        timeout: float,
+        enough: Callable[[list[Any]], bool] | None = None,
+        late: Callable[[int], None] | None = None,
+    ) -> list[Any]:
+        """Send ``script`` to every master at once (``call(master)``: its KEYS
+        and ARGV) and return the replies in master order: an exception where
+        it failed, None where none came within ``timeout`` or before
+        ``enough(replies)``. No task per call: each reply is taken from its
+        parse (``Engine.send_script``). A reply that comes later is dropped
+        (every script sent here is idempotent or undone by value), unless
+        ``late`` is given: then it is stored in the returned list (which is
+        the round's own) and ``late(i)`` is called."""
+        loop = asyncio.get_running_loop()
+        n = len(self._masters)
+        replies: list[Any] = [None] * n
+        answered = 0
+        done: asyncio.Future[None] = loop.create_future()
+
+        def on_reply(i: int, reply: Any, error: BaseException | None) -> None:
+            nonlocal answered
+            if done.done():
+                if late is not None:
+                    replies[i] = error if error is not None else reply
+                    late(i)
+                return
+            replies[i] = error if error is not None else reply
+            answered += 1
+            if answered == n or (enough is not None and enough(replies)):
+                done.set_result(None)
+
+        def handler(i: int, master: _Master, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+            retried = False
+
+            def reply(value: Any, error: BaseException | None) -> None:
+                nonlocal retried
+                if isinstance(error, NoScriptError) and not retried:
+                    # Flushed (a restart, SCRIPT FLUSH): load it and run it again,
+                    # sent from this very reply, so that it stays ahead of any
+                    # later command of ours (an undo must run after it).
+                    retried = True
+                    engine = master.engine
+                    engine.mux.send(
+                        b"SCRIPT", b"LOAD", engine.scripts[script].source, callback=_ignore
+                    )
+                    engine.send_script(script, keys, args, reply)
+                    return
+                on_reply(i, value, error)
+
+            return reply
+
+        for i, master in enumerate(self._masters):
+            if master.engine.cluster is None:
+                # Not settled (never reached): its first command would wait for
+                # that, and a later undo could overtake it. Nothing is sent.
+                on_reply(i, None, ConnectionFailedError("this master was not reached yet"))
+                continue
+            keys, args = call(master)
+            master.engine.send_script(script, keys, args, handler(i, master, keys, args))
+        if not done.done():
+            try:
+                async with asyncio.timeout(timeout):
+                    await done
+            except TimeoutError:
+                pass
+        if not done.done():
+            done.set_result(None)  # later replies are dropped (or given to `late`)
+        return replies if late is not None else list(replies)
+
     def _undo(self, name: str, value: str) -> list[asyncio.Task[Any]]:
         """Release ``value`` on every master, in the background (retried,
         idempotent: also where the attempt's reply was lost or it never ran)."""
@@ -422,6 +514,7 @@ class Redlock:
 
         On failure everything it took is released before it returns; if it is
         cancelled or raises, the caller undoes ``value`` (``_undo``)."""
+        await self._settle()
         start = loop.time()
         validity = self._validity(lease_s)
         ms = to_ms(lease_s)
@@ -439,7 +532,7 @@ class Redlock:
         )
         common = (proposed, to_ms(FENCE_RETENTION), _RETENTION_US, *known)
 
-        def acquire(master: _Master) -> Awaitable[Any]:
+        def acquire(master: _Master) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
             keys = (
                 master.lock_key(name),
                 master.fence_key(name),
@@ -447,8 +540,7 @@ class Redlock:
                 master.roster_key,
             )
             # A random generation id of its own, used if the master has none yet.
-            args = (value, ms, secrets.token_hex(8), *common)
-            return master.engine.eval("redlock_acquire", keys, args)
+            return keys, (value, ms, secrets.token_hex(8), *common)
 
         def decided(replies: list[Any]) -> bool:
             # A majority accepted the proposed token (it implies a grant), or
@@ -466,7 +558,15 @@ class Redlock:
             rostered = any(r[5] for r in answers)
             return granted >= majority and (rostered or None not in replies)
 
-        replies = await self._on_all(acquire, per_call, decided)
+        handed: list[int] = []  # the token, once handed out
+
+        def late(i: int) -> None:
+            # A read that came after the attempt decided: seed its master if it
+            # refused or could not vouch (see _accepted).
+            if handed:
+                self._seed(name, handed[0], i, replies[i], None)
+
+        replies = await self._round("redlock_acquire", acquire, per_call, decided, late)
         answers = [r for r in replies if isinstance(r, list)]
         granted = sum(1 for r in answers if r[0] == 1)
         for r in replies:
@@ -504,6 +604,7 @@ class Redlock:
             if loop.time() >= start + validity:
                 await self._undo_and_wait(name, value, replies)
                 return None, _backoff(lease_s)
+            handed.append(proposed)
             self._accepted(name, proposed, replies, codes)
             return (proposed, start + validity), None
         # The write-back round: a token above every counter read (and above
@@ -514,7 +615,7 @@ class Redlock:
             token = max(token, int(_decode(r[3])), int(counter) + 1 if counter else 0)
         founders = sorted(roster)
 
-        def fence(master: _Master) -> Awaitable[Any]:
+        def fence(master: _Master) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
             keys = (master.fence_key(name), master.gen_key, master.roster_key)
             args = (
                 token,
@@ -524,18 +625,20 @@ class Redlock:
                 "",
                 *founders,
             )
-            return master.engine.eval("redlock_fence", keys, args)
+            return keys, args
 
         def accepted(replies: list[Any]) -> int:
             return sum(1 for r in replies if isinstance(r, list) and r[0] == 1)
 
         left = start + validity - loop.time()
-        acks = await self._on_all(
+        acks = await self._round(
+            "redlock_fence",
             fence,
             max(min(left, MASTER_TIMEOUT), 0.0),
             lambda rs: accepted(rs) >= majority,
         )
         if accepted(acks) >= majority and loop.time() < start + validity:
+            handed.append(token)
             self._accepted(
                 name, token, replies, [a[0] if isinstance(a, list) else None for a in acks]
             )
@@ -555,13 +658,24 @@ class Redlock:
         last[name] = token
         if len(last) > LAST_TOKENS:
             del last[next(iter(last))]
-        for master, reply, code in zip(self._masters, replies, codes, strict=True):
-            if not (isinstance(reply, list) and code == -1):
-                continue
-            seed_gen = _decode(reply[4]).split(":", 1)[0]
-            keys = (master.fence_key(name), master.gen_key, master.roster_key)
-            args = (token, to_ms(FENCE_RETENTION), _RETENTION_US, secrets.token_hex(8), seed_gen)
-            self._spawn(self._quietly(master.engine.eval("redlock_fence", keys, args)))
+        for i, (reply, code) in enumerate(zip(replies, codes, strict=True)):
+            self._seed(name, token, i, reply, code)
+
+    def _seed(self, name: str, token: int, i: int, reply: Any, code: Any) -> None:
+        """Seed master ``i`` with ``token`` (a majority accepted it) if it
+        refused it as untrusted (``code`` -1), or did not answer in time and
+        its counter was absent when ``reply`` read it. A seed where it is not
+        needed changes nothing; one is never sent without the read (its
+        generation is the guard)."""
+        if not isinstance(reply, list) or not (
+            code == -1 or (code is None and not _decode(reply[2]))
+        ):
+            return
+        master = self._masters[i]
+        seed_gen = _decode(reply[4]).split(":", 1)[0]
+        keys = (master.fence_key(name), master.gen_key, master.roster_key)
+        args = (token, to_ms(FENCE_RETENTION), _RETENTION_US, secrets.token_hex(8), seed_gen)
+        self._spawn(self._quietly(master.engine.eval("redlock_fence", keys, args)))
 
     @staticmethod
     async def _quietly(call: Awaitable[Any]) -> None:
@@ -580,8 +694,9 @@ class Redlock:
         in the background.
         """
         name, value = hold.name, hold.release_args[0]
+        majority = self.majority
 
-        async def one(master: _Master) -> Any:
+        async def again(master: _Master) -> Any:
             try:
                 return await master.engine.retry(
                     "redlock_release", (master.lock_key(name),), (value, master.channel(name))
@@ -589,33 +704,32 @@ class Redlock:
             except Exception as exc:
                 return exc
 
-        tasks = [self._spawn(one(m)) for m in self._masters]
         try:
-            loop = asyncio.get_running_loop()
-            end = loop.time() + MASTER_TIMEOUT
-            pending: set[asyncio.Task[Any]] = set(tasks)
-            while pending:
-                confirmed = sum(1 for t in tasks if t.done() and t.result() == 1)
-                if confirmed >= self.majority:
-                    break  # released on a majority: nobody else can hold it through us
-                left = end - loop.time()
-                if left <= 0 and confirmed:
-                    break
-                _, pending = await asyncio.wait(
-                    pending,
-                    timeout=left if left > 0 and confirmed else None,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
+            replies = await self._round(
+                "redlock_release",
+                lambda m: ((m.lock_key(name),), (value, m.channel(name))),
+                MASTER_TIMEOUT,
+                lambda rs: sum(1 for r in rs if r == 1) >= majority,
+            )
+            # Where it failed or did not answer yet: retried in the background
+            # (by value: idempotent); awaited only if no master confirmed yet.
+            retries = [
+                self._spawn(again(m))
+                for m, r in zip(self._masters, replies, strict=True)
+                if isinstance(r, BaseException) or (r is None and 1 not in replies)
+            ]
+            if retries and 1 not in replies:
+                await asyncio.wait(retries)
+                replies += [t.result() for t in retries]
         except BaseException as exc:  # cancelled (the Client closing)
             hold.releasing = None
             hold.mark_lost(f"release failed: {exc!r}")
             if not outcome.done():
                 outcome.set_exception(exc)
             raise
-        replies = [t.result() for t in tasks if t.done()]
-        codes = [int(r) for r in replies if not isinstance(r, BaseException)]
+        codes = [int(r) for r in replies if isinstance(r, int)]
         if not codes:
-            error = next(r for r in replies if isinstance(r, BaseException))
+            error = next((r for r in replies if isinstance(r, BaseException)), None)
             hold.releasing = None
             hold.mark_lost(f"release failed: {error!r}")
             if not outcome.done():
@@ -672,6 +786,7 @@ class Redlock:
         next_round = loop.time() + period
         changed = self._changed = asyncio.Event()
         while self._watched:
+            changed.clear()  # (set when the last hold left; holds were added since)
             now = loop.time()
             earliest = min(h.expires_at for h in self._watched)
             if now < next_round:
@@ -706,6 +821,10 @@ class Redlock:
         for hold in list(self._watched):
             if now >= hold.expires_at:
                 hold.gone("could not renew it on a majority of masters before its validity ended")
+
+
+def _ignore(reply: Any, error: BaseException | None) -> None:
+    return None
 
 
 def _transient(exc: BaseException) -> bool:

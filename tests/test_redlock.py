@@ -96,6 +96,10 @@ async def _nothing_held(masters: list[ServerProcess], name: str, *redlocks: Redl
     """No key of ``name`` on any running master, no local hold (undo runs in the background)."""
     up = [s for s in masters if s.running]
     await eventually(
+        lambda: not any(_held_on(s, name) for s in up),
+        what=f"no key of {name!r} left: {[s.execute('GET', _lock_key(name)) for s in up]}",
+    )
+    await eventually(
         lambda: not any(_held_on(s, name) for s in up) and not any(rl._holds for rl in redlocks),
         what=f"no key of {name!r} left, no hold",
     )
@@ -403,7 +407,7 @@ async def test_cancelled_waiter_and_cancelled_release(
         except asyncio.CancelledError:
             pass
         await _nothing_held(masters, "cr", holder, other)
-        assert lease.released
+        await eventually(lambda lease=lease: lease.released, what="the lease marked released")
         lease = await holder.lock("cr").acquire()
     await lease.release()
     await _nothing_held(masters, "cr", holder, other)
