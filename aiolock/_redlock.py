@@ -574,7 +574,7 @@ class Redlock:
                 await self._undo_and_wait(name, value, replies)
                 raise r
         gens = [_decode(r[4]) for r in answers]
-        if len({g.split(":", 1)[0] for g in gens}) < len(gens):
+        if len({g.split("/", 1)[0] for g in gens}) < len(gens):
             await self._undo_and_wait(name, value, replies)
             raise InvalidArgumentError(
                 "two Clients of this Redlock reach the same server: Redlock needs one "
@@ -596,7 +596,7 @@ class Redlock:
         for r in answers:
             roster.update(_decode(x) for x in r[5])
         if not roster and len(answers) == n:
-            roster = {g.split(":", 1)[0] for g in gens}  # a new deployment: found the roster
+            roster = {g.split("/", 1)[0] for g in gens}  # a new deployment: found the roster
         if roster:
             self._roster = tuple(sorted(roster))
         codes = [r[6] if isinstance(r, list) else None for r in replies]
@@ -672,7 +672,7 @@ class Redlock:
         ):
             return
         master = self._masters[i]
-        seed_gen = _decode(reply[4]).split(":", 1)[0]
+        seed_gen = _decode(reply[4]).split("/", 1)[0]
         keys = (master.fence_key(name), master.gen_key, master.roster_key)
         args = (token, to_ms(FENCE_RETENTION), _RETENTION_US, secrets.token_hex(8), seed_gen)
         self._spawn(self._quietly(master.engine.eval("redlock_fence", keys, args)))
