@@ -7,33 +7,47 @@ below ``cli``.
 
 The algorithm (Redis' Redlock, with a fencing write-back)
 ---------------------------------------------------------
-An **attempt** sends ``redlock_acquire.lua`` to every master at once: set the
+An **attempt** sends ``redlock_acquire.lua`` to every master at once (one
+round, no task per master: each reply is taken from its parse): set the
 lock key to a value unique to the attempt (``<owner>|<random>``) with the
 lease as TTL, and read the name's fence counter, the server clock, the
-master's *generation* and its *roster* (below). It succeeds when
+master's *generation* and its *roster* (below). The attempt also *proposes*
+a token (above the last one this Redlock saw for the name, 0.5 s ahead of
+its clock), which each master that granted the lock accepts or refuses by
+the rule below, in the same script. It succeeds when
 
 1. a majority granted the key,
-2. the chosen token was written back to a majority (``redlock_fence.lua``),
+2. a majority accepted the token: the proposal in the same round (the usual
+   case, one round trip), or else a token chosen from what was read,
+   ``max(counter + 1, server clock in us)`` over every reply, in a second
+   round (``redlock_fence.lua``, the write-back),
 3. all within the validity ``lease - elapsed - drift * lease - 2 ms``.
 
-The token chosen is ``max(counter + 1, server clock in us)`` over every reply.
 A failed attempt releases its value on **every** master (by value, so also
-where its reply was lost; idempotent) before the task waits or retries. A
-waiter parks on the name's channel on every master (each Client's one
-listener): any release or undo publishes there, and every wait is bounded by
-the holder's TTL, as everywhere in aiolock. Holds without ``lease=`` are
-renewed on every master every ``lease / 3`` by one task per Redlock; a round
-that renews a majority moves the validity on; when a majority can no longer
-be renewed before the validity ends, the lease is lost.
+where its reply was lost or late; idempotent) before the task waits or
+retries; an attempt cancelled anywhere is undone the same way, in the
+background. A waiter parks on the name's channel on every master (each
+Client's one listener, pub/sub whatever the Client's notify mode): any
+release or undo publishes there, and every wait is bounded by the holder's
+TTL, as everywhere in aiolock. Holds without ``lease=`` are renewed on every
+master every ``lease / 3`` by one task per Redlock; a round that renews a
+majority moves the validity on; when a majority can no longer be renewed
+before the validity ends, or the key is found gone on a majority, the lease
+is lost.
 
 Fencing: the write-back rule
 ----------------------------
 The largest counter of the quorum is not enough: the master that held it may
 be missing from the next quorum. So a token is handed out only after a
-majority *accepted* it in ``redlock_fence.lua``. A master accepts ``T`` when
+majority *accepted* it (``fence_accept`` in ``_redlock_fence.lua``, run by
+both scripts). A master accepts ``T`` when
 
 * its counter ``t`` is present and ``t < T`` (then it records ``t = T``); or
 * its counter is absent and its generation is *trusted*.
+
+(A proposal below the master's clock is refused too, and a write-back token
+is at least every clock read: tokens stay above the server clocks, the floor
+for a counter that expired, as with one server.)
 
 Each master keeps a generation marker (``<prefix>:redlock:gen``: a random id
 and its creation time on the server's clock, no TTL), created by the first
@@ -41,30 +55,37 @@ script that runs there: a master that came back empty has a new, young one.
 The roster (``<prefix>:redlock:roster``, no TTL) holds the *founding*
 generations: a Redlock whose attempt read no roster on *all* N masters
 founds it with the N generations it read (a new deployment), and every
-write-back adds the roster the attempt knows to the masters it writes to. A
+later attempt passes the roster it knows, added to a master that has none. A
 generation is trusted if it is in the roster the attempt passes, or at least
 ``FENCE_RETENTION`` (24 h, the counters' retention) old. A young generation
 not in the roster is a master that came back empty: its absent counters may
 be lost ones, so it accepts no token for them (its present counters, written
-since, are fine) until 24 h have passed. Safety over liveness: with one
-master down and another back empty, names it has not seen since cannot be
-acquired (the attempt fails, and is retried until the caller's timeout).
+since, are fine) until 24 h have passed. Once a majority accepted a token,
+a master that refused it as untrusted is *seeded* with it (in the
+background, and only if its generation is still the one the attempt read:
+it did not come back empty again meanwhile), so it vouches for that name
+from then on. Safety over liveness: with one master down and another back
+empty, a name the latter has not been seeded with since cannot be acquired
+(the attempt fails, and is retried until the caller's timeout).
 
 Proof sketch. Let B hand out ``T_B`` after the majority ``V_B`` accepted it,
-and let A's write-back begin after that and succeed with the majority
-``V_A``. Some master ``m`` is in both. If ``m`` kept its data, its counter is
-at least ``T_B`` when A's write-back runs there, so accepting ``T_A`` means
-``T_A > T_B``. If ``m`` lost its data since, its generation is younger than
-B's write-back; its absent counter is accepted only if that generation is 24
-h old (B's counter had then expired everywhere: the clock floor remains, as
-for one server) or founding, and a founding after B's write-back needs every
-master without a roster, i.e. every master of ``V_B`` (a majority) emptied.
-A counter present on ``m`` since was created by an accepted write-back, so
-the same holds by induction. So: tokens increase strictly in the order of
-hand-out, whatever the quorums, unless a majority of masters lose their data
-within 24 h (then only the clock floor orders them), or a counter expires
-after 24 h unused. Mutual exclusion itself still rests on timing (bounded
-pauses, drift, delays), as in every lease-based lock: see the README.
+and let A's acceptances (its proposal or its write-back) begin after that
+and succeed on the majority ``V_A``. Some master ``m`` is in both. If ``m``
+kept its data, its counter is at least ``T_B`` when A's token reaches it, so
+accepting ``T_A`` means ``T_A > T_B``. If ``m`` lost its data since, its
+generation is younger than B's acceptance there; its absent counter is
+accepted only if that generation is 24 h old (B's counter had then expired
+everywhere: the clock floor remains, as for one server) or founding, and a
+founding after B's hand-out needs every master without a roster, i.e. every
+master of ``V_B`` (a majority) emptied. A counter present on ``m`` since was
+created by an acceptance under the same rule, or by a seed of a token a
+majority accepted after ``m``'s restart (the generation check), so the same
+holds by induction. Hence tokens increase strictly in the order of hand-out
+(no timing assumption needed), whatever the quorums, unless a majority of
+masters lose their data within 24 h (then only the clock floor orders them)
+or a counter expires after 24 h unused. Mutual exclusion itself still rests
+on timing (bounded pauses, clock drift, delays), as in every lease-based
+lock; the token is what makes a resource that checks it safe anyway.
 """
 
 from __future__ import annotations
