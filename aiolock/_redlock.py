@@ -224,17 +224,6 @@ def _collect(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-class _Attempt:
-    """The replies of one acquisition attempt (one per master; None: no reply)."""
-
-    __slots__ = ("granted", "replies", "value")
-
-    def __init__(self, value: str, n: int) -> None:
-        self.value = value
-        self.replies: list[Any] = [None] * n
-        self.granted = 0
-
-
 class Redlock:
     """A lock over several independent Redis masters (Redlock), with fencing tokens.
 
