@@ -110,7 +110,7 @@ from ._core.errors import (
     LockNotOwnedError,
     UnsupportedServerError,
 )
-from ._core.keys import main_key
+from ._core.keys import RedlockKeys
 from ._core.lease import Hold, Lease, LostCallback
 from ._core.notify import Waiter
 from ._core.validate import check_name, to_ms
@@ -143,23 +143,30 @@ def engine_of(client: Client) -> Engine:
 
 
 class _Master:
-    """One master: its Client's Engine and the names of one lock on it."""
+    """One master: its Client's Engine, and the names of the locks used on it."""
 
-    __slots__ = ("engine", "gen_key", "roster_key")
+    __slots__ = ("_names", "engine")
+
+    #: Names kept per master (rebuilt when more are used: cheap).
+    NAMES = 4096
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.gen_key = f"{engine.prefix}:redlock:gen"
-        self.roster_key = f"{engine.prefix}:redlock:roster"
+        self._names: dict[str, RedlockKeys] = {}
+
+    def keys(self, name: str) -> RedlockKeys:
+        keys = self._names.get(name)
+        if keys is None:
+            if len(self._names) >= self.NAMES:
+                self._names.clear()
+            keys = self._names[name] = RedlockKeys.of(self.engine.prefix, name)
+        return keys
 
     def lock_key(self, name: str) -> str:
-        return f"{main_key(self.engine.prefix, name)}:rl"
-
-    def fence_key(self, name: str) -> str:
-        return f"{main_key(self.engine.prefix, name)}:rl:fence"
+        return self.keys(name).lock
 
     def channel(self, name: str) -> bytes:
-        return f"{main_key(self.engine.prefix, name)}:rl:ch".encode()
+        return self.keys(name).channel
 
 
 def _decode(value: Any) -> str:
@@ -543,14 +550,8 @@ class Redlock:
         common = (proposed, to_ms(FENCE_RETENTION), _RETENTION_US, *known)
 
         def acquire(master: _Master) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-            keys = (
-                master.lock_key(name),
-                master.fence_key(name),
-                master.gen_key,
-                master.roster_key,
-            )
             # A random generation id of its own, used if the master has none yet.
-            return keys, (value, ms, secrets.token_hex(8), *common)
+            return master.keys(name).acquire, (value, ms, secrets.token_hex(8), *common)
 
         def decided(replies: list[Any]) -> bool:
             # A majority accepted the proposed token (it implies a grant), or
@@ -626,7 +627,7 @@ class Redlock:
         founders = sorted(roster)
 
         def fence(master: _Master) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-            keys = (master.fence_key(name), master.gen_key, master.roster_key)
+            keys = master.keys(name).write_back
             args = (
                 token,
                 to_ms(FENCE_RETENTION),
@@ -683,7 +684,7 @@ class Redlock:
             return
         master = self._masters[i]
         seed_gen = _decode(reply[4]).split("/", 1)[0]
-        keys = (master.fence_key(name), master.gen_key, master.roster_key)
+        keys = master.keys(name).write_back
         args = (token, to_ms(FENCE_RETENTION), _RETENTION_US, secrets.token_hex(8), seed_gen)
         self._spawn(self._quietly(master.engine.eval("redlock_fence", keys, args)))
 

@@ -470,3 +470,19 @@ async def test_bad_arguments_are_typed_errors_before_any_io() -> None:
     finally:
         for client in clients:
             await client.aclose()
+
+
+def test_names_are_pinned() -> None:
+    """The names data is found by (a version that changed them would not see the
+    locks of the one before): apart from the plain lock's, one hash tag per name."""
+    from aiolock._core.keys import RedlockKeys
+
+    keys = RedlockKeys.of("pp", "n")
+    assert (keys.lock, keys.fence, keys.channel) == (
+        "pp:{n}:rl",
+        "pp:{n}:rl:fence",
+        b"pp:{n}:rl:ch",
+    )
+    assert (keys.generation, keys.roster) == ("pp:redlock:gen", "pp:redlock:roster")
+    assert keys.acquire == (keys.lock, keys.fence, keys.generation, keys.roster)
+    assert keys.write_back == (keys.fence, keys.generation, keys.roster)
