@@ -486,3 +486,20 @@ def test_names_are_pinned() -> None:
     assert (keys.generation, keys.roster) == ("pp:redlock:gen", "pp:redlock:roster")
     assert keys.acquire == (keys.lock, keys.fence, keys.generation, keys.roster)
     assert keys.write_back == (keys.fence, keys.generation, keys.roster)
+
+
+async def test_two_clients_of_one_server_are_refused(
+    masters: list[ServerProcess], make_redlock: MakeRedlock
+) -> None:
+    """Two Clients that reach the same server would make one master count twice:
+    found by its generation marker on first use, refused, nothing left held."""
+    clients = [Client.from_url(masters[0].url), Client.from_url(masters[0].url)]
+    clients.append(Client.from_url(masters[1].url))
+    try:
+        rl = Redlock(clients)
+        with pytest.raises(InvalidArgumentError, match="same server"):
+            await rl.lock("twice").acquire(timeout=5)
+        await _nothing_held(masters, "twice", rl)
+    finally:
+        for client in clients:
+            await client.aclose()
