@@ -60,6 +60,7 @@ from .notify import ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
 from .options import ClientStatistics, Notify, Options
 from .owner import task_serial
 from .redis_compat import ConnectionFactory, connection_factory
+from .replication import AckedLane, Acknowledgement
 from .scripts import Script, load_scripts
 from .undo import Call, OnReply, Undo
 from .validate import to_ms
@@ -120,6 +121,12 @@ class Engine:
         self.replicas = options.replicas
         self.replica_timeout = options.replica_timeout
         self.wait_aof = options.wait_aof
+        #: What "acknowledged" means (replication.py), or None: acquisitions are not waited for.
+        self.ack: Acknowledgement | None = (
+            Acknowledgement(self.replicas, self.replica_timeout, self.wait_aof)
+            if self.replicas or self.wait_aof
+            else None
+        )
         self.id = secrets.token_hex(16)
         self._redis = redis
         if isinstance(redis, RedisCluster):
@@ -180,11 +187,27 @@ class Engine:
         )
         # The watchdog's own lane: renewals never queue behind a burst of
         # acquires and releases on the main connection (connected on first use).
+        # With replicas acknowledging, each renewal call is followed by a WAIT
+        # there, which answers within replica_timeout: allowed on top.
         self.renew_mux: Lane = CommandConnection(
             self._new_connection,
-            command_timeout=self.command_timeout,
+            command_timeout=self.command_timeout
+            + (self.replica_timeout if self.ack is not None else 0.0),
             on_connect=self._preload,
             on_reset=self._verifier.connection_reset,
+        )
+        #: The acknowledged acquisitions' own lane (replication.py), with ``ack``.
+        self.acked_lane: AckedLane | None = (
+            AckedLane(
+                self._new_connection,
+                self.ack,
+                command_timeout=self.command_timeout,
+                replica_timeout=self.replica_timeout,
+                on_connect=self._preload,
+                on_reset=self._verifier.connection_reset,
+            )
+            if self.ack is not None
+            else None
         )
         self.listener: Listener | ShardedListener = Listener(
             self._new_connection, on_reset=self._verifier.connection_reset
@@ -301,6 +324,8 @@ class Engine:
             await self.mux.drain(0.5)
             await self.mux.aclose()
             await self.renew_mux.aclose()
+            if self.acked_lane is not None:
+                await self.acked_lane.aclose()
         await stop(self._settling)
         if self.topology is not None:
             await self.topology.aclose()
@@ -319,7 +344,9 @@ class Engine:
             waiting=waiting,
             subscriptions=self.listener.active + self.signals.active,
             watched=len(self.watchdog),
-            in_flight=self.mux.in_flight + self.renew_mux.in_flight,
+            in_flight=self.mux.in_flight
+            + self.renew_mux.in_flight
+            + (self.acked_lane.in_flight if self.acked_lane is not None else 0),
             background=len(self.background),
             command_connects=self.mux.connects,
             pubsub_connects=self.listener.connects,
@@ -466,6 +493,13 @@ class Engine:
         master for commands and one for renewals, sharded pub/sub, the
         cluster variant of every script."""
         assert self._cluster_client is not None
+        if self.ack is not None:
+            raise UnsupportedServerError(
+                "replicas=N and wait_aof=True are not supported in Redis Cluster mode yet "
+                "(aiolock would need an acknowledged connection per master): use "
+                "replicas=0 and wait_aof=False with a cluster, or a standalone or Sentinel "
+                "master"
+            )
         topology = Topology(self._cluster_client, self._client_name, self.command_timeout)
         try:
             await topology.refresh()
@@ -574,10 +608,19 @@ class Engine:
     ) -> Any:
         """Run a script for ``keys[0]``; reload it once on NOSCRIPT (safe: NOSCRIPT
         means it did not run). ``orphan(reply, error)`` runs if the caller gives
-        up before the reply (see ``undo``); ``mux`` is the watchdog's own lane."""
+        up before the reply (see ``undo``); ``mux`` is the watchdog's own lane.
+
+        Every acquisition passes here with its ``orphan``: with ``replicas`` (or
+        ``wait_aof``) it runs on the acknowledged lane (replication.py) and
+        returns only once the replicas acknowledged it; else it was undone by
+        ``orphan`` and ReplicationError is raised.
+        """
         if not self._settled:
             await self._settle()
         script = self.scripts[name]
+        acked = self.acked_lane
+        if orphan is not None and mux is None and acked is not None:
+            return await self._eval_acked(acked, script, keys, args, orphan)
         mux = mux or self._route(keys[0])
         try:
             return await mux.call(b"EVALSHA", script.sha, len(keys), *keys, *args, orphan=orphan)
@@ -588,6 +631,24 @@ class Engine:
                     b"EVALSHA", script.sha, len(keys), *keys, *args, orphan=orphan
                 )
             except NoScriptError as exc:  # flushed again at once: give up
+                raise from_redis(exc) from exc
+
+    async def _eval_acked(
+        self,
+        lane: AckedLane,
+        script: Script,
+        keys: tuple[Any, ...],
+        args: tuple[Any, ...],
+        orphan: Orphan,
+    ) -> Any:
+        command = (b"EVALSHA", script.sha, len(keys), *keys, *args)
+        try:
+            return await lane.acked(*command, orphan=orphan)
+        except NoScriptError:
+            await lane.call(b"SCRIPT", b"LOAD", script.source)
+            try:
+                return await lane.acked(*command, orphan=orphan)
+            except NoScriptError as exc:
                 raise from_redis(exc) from exc
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:

@@ -20,7 +20,8 @@ from .connection import Lane, Orphan
 from .errors import LockNotOwnedError
 from .futures import Outcome
 from .lease import Hold, HoldEngine, Lease, LostCallback, call_lost_callback
-from .scripts import refused
+from .replication import Acknowledgement, acked_renewal
+from .scripts import Script, refused
 from .spread import renew_spread
 from .validate import to_ms
 from .watchdog import Watchdog
@@ -49,6 +50,12 @@ class HoldOwner(HoldEngine, Protocol):
     def renew_mux(self) -> Lane: ...
 
     @property
+    def ack(self) -> Acknowledgement | None: ...
+
+    @property
+    def scripts(self) -> dict[str, Script]: ...
+
+    @property
     def topology(self) -> Topology | None: ...
 
     def shard(self, key: Any) -> Hashable: ...
@@ -60,12 +67,21 @@ class HoldOwner(HoldEngine, Protocol):
     ) -> None: ...
 
     async def eval(
-        self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...], *, mux: Lane
+        self,
+        name: str,
+        keys: tuple[Any, ...],
+        args: tuple[Any, ...],
+        orphan: Any = None,
+        mux: Lane | None = None,
     ) -> Any: ...
 
     async def retry(self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any: ...
 
     def start_verifier(self) -> None: ...
+
+
+def _keep(reply: Any, error: BaseException | None) -> None:
+    """The orphan of an acknowledged extension: nothing to undo (see extend_hold)."""
 
 
 class Holds:
@@ -214,9 +230,15 @@ class Holds:
         loop = asyncio.get_running_loop()
         sent = loop.time()
         ms = to_ms(seconds)
-        reply = await self.engine.retry(
-            hold.renew_script, (hold.renew_key,), (ms, *hold.renew_args)
-        )
+        keys, args = (hold.renew_key,), (ms, *hold.renew_args)
+        if self.engine.ack is None:
+            reply = await self.engine.retry(hold.renew_script, keys, args)
+        else:
+            # On the acknowledged lane: the extension counts only once the
+            # replicas have it (ReplicationError otherwise: the hold keeps its
+            # confirmed expiry). Nothing to undo: an unacknowledged extension
+            # only makes the lock outlive its confirmed expiry on the master.
+            reply = await self.engine.eval(hold.renew_script, keys, args, _keep)
         if int(reply[0]) != 1:
             hold.gone("the hold was gone when extended")
             raise LockNotOwnedError(f"{hold.name!r}: the hold was gone when extended")
@@ -255,9 +277,22 @@ class Holds:
             args: list[Any] = [ms]
             for item in items:
                 args.extend(item.renew_args)
-            fut = asyncio.ensure_future(
-                engine.eval(script, keys, tuple(args), mux=engine.renew_mux)
-            )
+            ack = engine.ack
+            if ack is None:
+                fut = asyncio.ensure_future(
+                    engine.eval(script, keys, tuple(args), mux=engine.renew_mux)
+                )
+            else:
+                # Followed by a WAIT: an unacknowledged renewal extends nothing.
+                code = engine.scripts[script]
+                fut = asyncio.ensure_future(
+                    acked_renewal(
+                        engine.renew_mux,
+                        ack,
+                        (b"EVALSHA", code.sha, len(keys), *keys, *args),
+                        (b"SCRIPT", b"LOAD", code.source),
+                    )
+                )
 
         def confirm(fut: asyncio.Future[Any]) -> None:
             if fut.cancelled() or fut.exception() is not None or engine.epoch != epoch:

@@ -201,6 +201,13 @@ class LocalQueue:
             and hold.confirmed == engine.epoch
         ):
             return self._pass_locally(hold, turn, loop)
+        if engine.ack is not None:
+            # Replicas must acknowledge every grant, and the handoff script
+            # grants on the main lane: release plainly instead, and the next
+            # local task competes on the acknowledged lane (release_hold's end
+            # unparks it, see hold_ended).
+            self.handoffs = 0
+            return engine.release_hold(hold)
         outcome = Outcome(loop=loop)
         hold.releasing = outcome
         next_owner = engine.owner(turn.task)
@@ -519,7 +526,9 @@ class AsyncLock(SingleHolder):
         keys = self._names.acquire
         attempt_id = engine.attempt_id()
         base = (owner, to_ms(lease_s), engine.retention_ms, TOKEN_RESERVE, attempt_id)
-        targeted = self._targeted and engine.notify == "pubsub"
+        # Not with replicas acknowledging: a grant by another Client's release
+        # is taken without a round trip, so nothing would wait for the replicas.
+        targeted = self._targeted and engine.notify == "pubsub" and engine.ack is None
         # This task's entry in the waiting set: a watchdog hold may be granted
         # to it by a release (for one Client lease, renewed as any other); a
         # fixed lease is only woken (see scripts/_wake.lua).
