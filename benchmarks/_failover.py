@@ -31,8 +31,11 @@ import redis.asyncio as aioredis
 
 from benchmarks._server import ADMIN_NAME, Server
 
-#: Replication without the 5 s diskless-sync delay (an empty data set syncs at once).
-REPL_ARGS = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
+#: Replication without the 5 s diskless-sync delay (an empty data set syncs at once), and
+#: a SIGTERM that does not wait up to 10 s for a replica to catch up.
+REPL_ARGS = (
+    "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0", "--shutdown-timeout", "0",
+)  # fmt: skip
 SYNC_TIMEOUT = 30.0
 NS = 1_000_000_000
 
@@ -65,7 +68,7 @@ def start_replicated(binary: str | None) -> tuple[Server, Server]:
         with _admin(master) as m, _admin(replica) as r:
             r.execute_command("REPLICAOF", "127.0.0.1", master.port)
             deadline = time.monotonic() + SYNC_TIMEOUT
-            while not _in_sync(m, r):
+            while not (_in_sync(m, r) and m.set("bench:sync-probe", "1") and m.wait(1, 200) >= 1):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"replica {replica.port} not in sync in {SYNC_TIMEOUT} s")
                 time.sleep(0.02)
@@ -233,7 +236,11 @@ class _Pair:
                     and int(ri.get("slave_repl_offset", -1))
                     == int(mi.get("master_repl_offset", -2))
                 ):
-                    break
+                    # Online is not yet applying: a write acknowledged by the replica is.
+                    await m.set("bench:sync-probe", "1")
+                    acked = await m.execute_command("WAIT", 1, 200)  # type: ignore[no-untyped-call]
+                    if int(acked) >= 1:
+                        break
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"replica {replica.port} not in sync in {SYNC_TIMEOUT} s")
                 await asyncio.sleep(0.01)
