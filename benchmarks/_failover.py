@@ -99,13 +99,13 @@ def start_masters(binary: str | None, count: int) -> list[Server]:
 class _Side(asyncio.Protocol):
     def __init__(self, proxy: StallProxy) -> None:
         self.proxy = proxy
-        self.transport: asyncio.Transport | None = None
+        # Not typed asyncio.Transport: uvloop's transports are not its subclasses.
+        self.transport: Any = None
         self.peer: _Side | None = None
         #: Bytes read but not forwarded: before the peer is connected, or while stalled.
         self.held: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.proxy.sides.add(self)
         if self.proxy.stalled:
