@@ -20,6 +20,8 @@ map, with the life of one ``acquire``, is ARCHITECTURE.md):
   (``connection``, ``dialer``, and ``redis_compat``, the one place that
   touches redis-py's internals), and the basics (``errors``, ``validate``,
   ``futures``, ``owner``).
+* ``_redlock``: ``Redlock``, one lock over several Clients (independent
+  masters), above ``_client`` since it composes Clients.
 * ``cli``: the ``aiolock`` command, the demo and the embedded server; the
   library never imports it.
 
@@ -57,6 +59,8 @@ from ._primitives.rwlock import WriteLock as WriteLock
 from ._primitives.semaphore import Permit as Permit
 from ._primitives.semaphore import Semaphore as Semaphore
 from ._primitives.spin import SpinLock as SpinLock
+from ._redlock import Redlock as Redlock
+from ._redlock import RedlockLock as RedlockLock
 
 __all__ = [
     "AiolockError",
@@ -81,6 +85,8 @@ __all__ = [
     "Permit",
     "ReadLock",
     "ReadWriteLock",
+    "Redlock",
+    "RedlockLock",
     "ReplicationError",
     "Semaphore",
     "ServerRefusedError",

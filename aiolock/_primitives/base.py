@@ -63,6 +63,7 @@ __all__ = [
     "REPLY_GRACE",
     "TRANSIENT",
     "Acquirable",
+    "Contender",
     "LockLike",
     "OnLost",
     "Primitive",
@@ -136,8 +137,23 @@ def check_on_lost(value: object) -> OnLost:
     raise InvalidArgumentError(f"on_lost must be 'cancel' or 'ignore', got {value!r}")
 
 
+class Contender(Protocol):
+    """What ``compete`` needs of its engine: ``Engine``, or a ``Redlock`` over several."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def lease(self) -> float: ...
+
+    def first_outage_warning(self) -> bool: ...
+
+
 async def compete(
-    engine: Engine,
+    engine: Contender,
     *,
     what: str,
     deadline: float | None,

@@ -1,0 +1,798 @@
+"""Redlock: one lock over several independent Redis masters, with fencing tokens.
+
+``Redlock([client_a, client_b, client_c], drift=0.01)`` composes Clients (one
+per master, same event loop); ``redlock.lock(name)`` is a ``RedlockLock``
+with the ``AsyncLock`` API. It sits above ``_client`` (it takes Clients) and
+below ``cli``.
+
+The algorithm (Redis' Redlock, with a fencing write-back)
+---------------------------------------------------------
+An **attempt** sends ``redlock_acquire.lua`` to every master at once: set the
+lock key to a value unique to the attempt (``<owner>|<random>``) with the
+lease as TTL, and read the name's fence counter, the server clock, the
+master's *generation* and its *roster* (below). It succeeds when
+
+1. a majority granted the key,
+2. the chosen token was written back to a majority (``redlock_fence.lua``),
+3. all within the validity ``lease - elapsed - drift * lease - 2 ms``.
+
+The token chosen is ``max(counter + 1, server clock in us)`` over every reply.
+A failed attempt releases its value on **every** master (by value, so also
+where its reply was lost; idempotent) before the task waits or retries. A
+waiter parks on the name's channel on every master (each Client's one
+listener): any release or undo publishes there, and every wait is bounded by
+the holder's TTL, as everywhere in aiolock. Holds without ``lease=`` are
+renewed on every master every ``lease / 3`` by one task per Redlock; a round
+that renews a majority moves the validity on; when a majority can no longer
+be renewed before the validity ends, the lease is lost.
+
+Fencing: the write-back rule
+----------------------------
+The largest counter of the quorum is not enough: the master that held it may
+be missing from the next quorum. So a token is handed out only after a
+majority *accepted* it in ``redlock_fence.lua``. A master accepts ``T`` when
+
+* its counter ``t`` is present and ``t < T`` (then it records ``t = T``); or
+* its counter is absent and its generation is *trusted*.
+
+Each master keeps a generation marker (``<prefix>:redlock:gen``: a random id
+and its creation time on the server's clock, no TTL), created by the first
+script that runs there: a master that came back empty has a new, young one.
+The roster (``<prefix>:redlock:roster``, no TTL) holds the *founding*
+generations: a Redlock whose attempt read no roster on *all* N masters
+founds it with the N generations it read (a new deployment), and every
+write-back adds the roster the attempt knows to the masters it writes to. A
+generation is trusted if it is in the roster the attempt passes, or at least
+``FENCE_RETENTION`` (24 h, the counters' retention) old. A young generation
+not in the roster is a master that came back empty: its absent counters may
+be lost ones, so it accepts no token for them (its present counters, written
+since, are fine) until 24 h have passed. Safety over liveness: with one
+master down and another back empty, names it has not seen since cannot be
+acquired (the attempt fails, and is retried until the caller's timeout).
+
+Proof sketch. Let B hand out ``T_B`` after the majority ``V_B`` accepted it,
+and let A's write-back begin after that and succeed with the majority
+``V_A``. Some master ``m`` is in both. If ``m`` kept its data, its counter is
+at least ``T_B`` when A's write-back runs there, so accepting ``T_A`` means
+``T_A > T_B``. If ``m`` lost its data since, its generation is younger than
+B's write-back; its absent counter is accepted only if that generation is 24
+h old (B's counter had then expired everywhere: the clock floor remains, as
+for one server) or founding, and a founding after B's write-back needs every
+master without a roster, i.e. every master of ``V_B`` (a majority) emptied.
+A counter present on ``m`` since was created by an accepted write-back, so
+the same holds by induction. So: tokens increase strictly in the order of
+hand-out, whatever the quorums, unless a majority of masters lose their data
+within 24 h (then only the clock floor orders them), or a counter expires
+after 24 h unused. Mutual exclusion itself still rests on timing (bounded
+pauses, drift, delays), as in every lease-based lock: see the README.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._client import Client
+from ._core.engine import FENCE_RETENTION
+from ._core.errors import (
+    ClientClosedError,
+    ConnectionFailedError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    LockNotOwnedError,
+    UnsupportedServerError,
+)
+from ._core.keys import main_key
+from ._core.lease import Hold, Lease, LostCallback
+from ._core.notify import Waiter
+from ._core.validate import check_name, to_ms
+from ._primitives.base import TRANSIENT, Acquirable, _Entry, compete, current_task
+
+if TYPE_CHECKING:
+    from ._core.engine import Engine
+
+__all__ = ["Redlock", "RedlockLock"]
+
+log = logging.getLogger("aiolock")
+
+#: The constant of the validity (``lease - elapsed - drift * lease - CLOCK_SLACK``).
+CLOCK_SLACK = 0.002
+#: The longest an attempt waits for one master's reply (a paused master).
+MASTER_TIMEOUT = 1.0
+#: A failed attempt waits at most this long for its undo before the task waits or retries.
+UNDO_WAIT = 0.5
+_RETENTION_US = int(FENCE_RETENTION * 1_000_000)
+
+
+def engine_of(client: Client) -> Engine:
+    """The Engine of ``client``: the one place Redlock reaches into a Client."""
+    return client._engine
+
+
+class _Master:
+    """One master: its Client's Engine and the names of one lock on it."""
+
+    __slots__ = ("engine", "gen_key", "roster_key")
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.gen_key = f"{engine.prefix}:redlock:gen"
+        self.roster_key = f"{engine.prefix}:redlock:roster"
+
+    def lock_key(self, name: str) -> str:
+        return f"{main_key(self.engine.prefix, name)}:rl"
+
+    def fence_key(self, name: str) -> str:
+        return f"{main_key(self.engine.prefix, name)}:rl:fence"
+
+    def channel(self, name: str) -> bytes:
+        return f"{main_key(self.engine.prefix, name)}:rl:ch".encode()
+
+
+def _decode(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _AnyWaiter:
+    """A waiter on the name's channel on every master: woken by any of them.
+
+    Live (``ready``) once a majority of the subscriptions are confirmed: a
+    release deletes the key on a majority at least, and publishes on each.
+    """
+
+    __slots__ = ("_majority", "_waiters")
+
+    def __init__(self, waiters: list[Waiter], majority: int) -> None:
+        self._waiters = waiters
+        self._majority = majority
+
+    async def ready(self, bound: float | None) -> None:
+        tasks = [asyncio.ensure_future(w.ready(bound)) for w in self._waiters]
+        try:
+            pending = set(tasks)
+            done_count = 0
+            while pending and done_count < self._majority:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                done_count += sum(1 for t in done if not t.cancelled() and t.exception() is None)
+        finally:
+            _cancel_all(tasks)
+
+    async def wait(self, timeout: float | None) -> bool:
+        tasks = [asyncio.ensure_future(w.wait(timeout)) for w in self._waiters]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            woken = False
+            for task in done:
+                error = task.exception()
+                if isinstance(error, ClientClosedError):
+                    raise error
+                woken = woken or (error is None and bool(task.result()))
+            return woken
+        finally:
+            _cancel_all(tasks)
+
+    def close(self, *, linger: bool = False) -> None:
+        for waiter in self._waiters:
+            waiter.close(linger=linger)
+
+
+def _cancel_all(tasks: Sequence[asyncio.Future[Any]]) -> None:
+    """Cancel the unfinished ``tasks``; their outcomes are collected (never unretrieved)."""
+    for task in tasks:
+        if task.done():
+            _collect(task)
+        else:
+            task.cancel()
+            task.add_done_callback(_collect)
+
+
+def _collect(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+class _Attempt:
+    """The replies of one acquisition attempt (one per master; None: no reply)."""
+
+    __slots__ = ("granted", "replies", "value")
+
+    def __init__(self, value: str, n: int) -> None:
+        self.value = value
+        self.replies: list[Any] = [None] * n
+        self.granted = 0
+
+
+class Redlock:
+    """A lock over several independent Redis masters (Redlock), with fencing tokens.
+
+    ``Redlock([client_a, client_b, client_c], drift=0.01)``: an odd number of
+    distinct Clients of one event loop, each on its own master (standalone,
+    not a cluster), and ``drift`` in [0, 0.5), the clock drift allowed for,
+    as a fraction of the lease. Nothing is sent until a lock is used.
+
+    ``redlock.lock(name)`` returns a :class:`RedlockLock`. The lease of a
+    hold without ``lease=`` is the smallest of the Clients' leases; it is
+    renewed on every master every lease / 3 by one task of this Redlock.
+
+    What it guarantees, and what not: see :class:`RedlockLock` and the
+    module's documentation (aiolock/_redlock.py): tokens are written back
+    to a majority before they are handed out, so they keep increasing when
+    the quorum changes, including across a master that comes back empty;
+    mutual exclusion rests on timing assumptions (bounded process pauses,
+    clock drift and network delays), as Kleppmann pointed out.
+    """
+
+    __slots__ = (
+        "_holds",
+        "_masters",
+        "_renewer",
+        "_watched",
+        "drift",
+        "lease",
+        "majority",
+    )
+
+    def __init__(self, clients: Sequence[Client], *, drift: float = 0.01) -> None:
+        if isinstance(clients, str | bytes) or not isinstance(clients, Sequence):
+            raise InvalidArgumentTypeError(
+                f"Redlock takes a list of aiolock Clients, got {type(clients).__name__}"
+            )
+        for client in clients:
+            if not isinstance(client, Client):
+                raise InvalidArgumentTypeError(
+                    f"Redlock takes aiolock Clients (one per master), got {type(client).__name__}"
+                )
+        if len({id(c) for c in clients}) != len(clients):
+            raise InvalidArgumentError("Redlock needs distinct Clients (one per master)")
+        if len(clients) % 2 == 0:
+            raise InvalidArgumentError(
+                f"Redlock needs an odd number of masters (a clear majority), got {len(clients)}"
+            )
+        if isinstance(drift, bool) or not isinstance(drift, int | float):
+            raise InvalidArgumentTypeError(
+                f"drift must be a float in [0, 0.5), got {type(drift).__name__}: {drift!r}"
+            )
+        if not (0.0 <= float(drift) < 0.5):
+            raise InvalidArgumentError(f"drift must be in [0, 0.5), got {drift!r}")
+        engines = [engine_of(c) for c in clients]
+        self._masters = [_Master(e) for e in engines]
+        self.drift = float(drift)
+        self.majority = len(clients) // 2 + 1
+        self.lease = min(e.lease for e in engines)
+        self._holds: dict[str, Hold] = {}
+        self._watched: dict[Hold, None] = {}
+        self._renewer: asyncio.Task[None] | None = None
+
+    def lock(self, name: str) -> RedlockLock:
+        """The lock ``name`` over these masters (cheap: no I/O)."""
+        return RedlockLock(self, name)
+
+    def __repr__(self) -> str:
+        return f"<Redlock {len(self._masters)} masters, {len(self._holds)} held here>"
+
+    # -- what compete() needs (base.Contender) -----------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._masters[0].engine.loop
+
+    @property
+    def closed(self) -> bool:
+        return any(m.engine.closed for m in self._masters)
+
+    def first_outage_warning(self) -> bool:
+        return self._masters[0].engine.first_outage_warning()
+
+    # -- HoldEngine (aiolock/_core/lease.py) ---------------------------------------------------
+
+    def untrack(self, hold: Hold) -> None:
+        self._watched.pop(hold, None)
+
+    def run_callback(self, callback: LostCallback, lease: Lease) -> None:
+        self._masters[0].engine.run_callback(callback, lease)
+
+    def check_usable(self) -> None:
+        for master in self._masters:
+            master.engine.check_usable()
+
+    def release_hold(self, hold: Hold) -> asyncio.Future[int]:
+        outcome: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        hold.releasing = outcome
+        self._spawn(self._release(hold, outcome))
+        return outcome
+
+    async def extend_hold(self, hold: Hold, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        results = await self._renew_on_all([hold], seconds, MASTER_TIMEOUT)
+        if sum(1 for r in results if r is not None and r[0] == 1) < self.majority:
+            hold.gone("the hold was gone on a majority of masters when extended")
+            raise LockNotOwnedError(
+                f"{hold.name!r}: the hold was gone on a majority of masters when extended"
+            )
+        new_expiry = sent + self._validity(seconds)
+        if new_expiry > hold.expires_at:
+            hold.expires_at = new_expiry
+            if hold.timer is not None:
+                hold.timer.cancel()
+                hold.timer = loop.call_at(new_expiry, hold.gone, "the fixed lease expired")
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _enter_task(self) -> asyncio.Task[Any]:
+        task = current_task()
+        for master in self._masters:
+            engine = master.engine
+            engine.enter_task()
+            if engine.cluster is True:
+                raise UnsupportedServerError(
+                    "Redlock needs standalone masters (one Client per independent server); "
+                    "a Client here is in cluster mode"
+                )
+        return task
+
+    def _validity(self, lease: float) -> float:
+        return lease - self.drift * lease - CLOCK_SLACK
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        return self._masters[0].engine.spawn(coro)
+
+    async def _on_all(
+        self,
+        call: Callable[[_Master], Awaitable[Any]],
+        timeout: float,
+        enough: Callable[[list[Any]], bool] | None = None,
+    ) -> list[Any]:
+        """Run ``call`` on every master at once; the replies in master order
+        (an exception where it failed, None where none came in time).
+        Returns early once ``enough(replies)``; a call still running then is
+        cancelled (every call passed here is idempotent or undone by value)."""
+        tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(call(m)) for m in self._masters]
+        replies: list[Any] = [None] * len(tasks)
+        try:
+            pending: set[asyncio.Future[Any]] = set(tasks)
+            loop = asyncio.get_running_loop()
+            end = loop.time() + timeout
+            while pending:
+                left = end - loop.time()
+                if left <= 0:
+                    break
+                done, pending = await asyncio.wait(
+                    pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in done:
+                    if task.cancelled():
+                        continue
+                    error = task.exception()
+                    replies[tasks.index(task)] = error if error is not None else task.result()
+                if enough is not None and enough(replies):
+                    break
+        finally:
+            _cancel_all(list(tasks))
+        return replies
+
+    def _undo(self, name: str, value: str) -> list[asyncio.Task[Any]]:
+        """Release ``value`` on every master, in the background (retried,
+        idempotent: also where the attempt's reply was lost or it never ran)."""
+
+        async def one(master: _Master) -> None:
+            try:
+                await master.engine.retry(
+                    "redlock_release", (master.lock_key(name),), (value, master.channel(name))
+                )
+            except Exception as exc:  # the key expires by its TTL
+                log.debug("aiolock: Redlock undo of %r failed on a master: %r", name, exc)
+
+        return [self._spawn(one(m)) for m in self._masters]
+
+    async def _undo_and_wait(self, name: str, value: str, replies: list[Any]) -> None:
+        """``_undo``, awaited (at most ``UNDO_WAIT``) on the masters that answered;
+        on the others it goes on in the background."""
+        tasks = self._undo(name, value)
+        answered = [t for t, r in zip(tasks, replies, strict=True) if isinstance(r, list)]
+        if answered:
+            await asyncio.wait(answered, timeout=UNDO_WAIT)
+
+    async def _attempt(
+        self, name: str, owner: str, lease_s: float, loop: asyncio.AbstractEventLoop
+    ) -> tuple[tuple[int, float] | None, float | None, str]:
+        """One attempt: ((token, validity end), None) or (None, wait hint); and its value.
+
+        On failure everything it took is released before it returns; if it is
+        cancelled or fails, the caller undoes its value (``_undo``)."""
+        value = f"{owner}|{secrets.token_hex(8)}"
+        start = loop.time()
+        validity = self._validity(lease_s)
+        ms = to_ms(lease_s)
+        n = len(self._masters)
+        per_call = min(validity / 2, MASTER_TIMEOUT)
+
+        def acquire(master: _Master) -> Awaitable[Any]:
+            keys = (
+                master.lock_key(name),
+                master.fence_key(name),
+                master.gen_key,
+                master.roster_key,
+            )
+            # A random generation id of its own, used if the master has none yet.
+            args = (value, ms, secrets.token_hex(8))
+            return master.engine.eval("redlock_acquire", keys, args)
+
+        def decided(replies: list[Any]) -> bool:
+            # A majority granted (a master that answers later and grants too
+            # is part of the hold: renewed and released by value), or none can.
+            # Until some master shows the roster, wait for every reply (a new
+            # deployment founds the roster only from all N: see the module doc).
+            granted = sum(1 for r in replies if isinstance(r, list) and r[0] == 1)
+            failed = sum(1 for r in replies if r is not None) - granted
+            if failed > n - self.majority:
+                return True
+            rostered = any(isinstance(r, list) and r[5] for r in replies)
+            return granted >= self.majority and (rostered or None not in replies)
+
+        replies = await self._on_all(acquire, per_call, decided)
+        answers = [r for r in replies if isinstance(r, list)]
+        granted = sum(1 for r in answers if r[0] == 1)
+        for r in replies:
+            if isinstance(r, BaseException) and not _transient(r):
+                await self._undo_and_wait(name, value, replies)
+                raise r
+        gens = [_decode(r[4]) for r in answers]
+        if len({g.split(":", 1)[0] for g in gens}) < len(gens):
+            await self._undo_and_wait(name, value, replies)
+            raise InvalidArgumentError(
+                "two Clients of this Redlock reach the same server: Redlock needs one "
+                "Client per independent master"
+            )
+        if granted < self.majority:
+            await self._undo_and_wait(name, value, replies)
+            if len(answers) < self.majority:
+                errors = [r for r in replies if isinstance(r, BaseException)]
+                raise ConnectionFailedError(
+                    f"Redlock {name!r}: only {len(answers)} of {n} masters answered; "
+                    f"a majority ({self.majority}) is needed"
+                ) from (errors[0] if errors else None)
+            busy = [int(r[1]) for r in answers if r[0] == 0]
+            ttls = [t for t in busy if t > 0]
+            hint = min(ttls) / 1000.0 if ttls else (lease_s if busy else _backoff(lease_s))
+            return None, hint, value
+        # The token: above every counter read, never below a server clock.
+        token = 0
+        roster: set[str] = set()
+        for r in answers:
+            counter = _decode(r[2])
+            token = max(token, int(_decode(r[3])), int(counter) + 1 if counter else 0)
+            roster.update(_decode(x) for x in r[5])
+        if not roster and len(answers) == n:
+            roster = {g.split(":", 1)[0] for g in gens}  # a new deployment: found the roster
+        founders = sorted(roster)
+
+        def fence(master: _Master) -> Awaitable[Any]:
+            keys = (master.fence_key(name), master.gen_key, master.roster_key)
+            args = (
+                token,
+                to_ms(FENCE_RETENTION),
+                _RETENTION_US,
+                secrets.token_hex(8),
+                *founders,
+            )
+            return master.engine.eval("redlock_fence", keys, args)
+
+        def accepted(replies: list[Any]) -> int:
+            return sum(1 for r in replies if isinstance(r, list) and r[0] == 1)
+
+        left = start + validity - loop.time()
+        acks = await self._on_all(
+            fence,
+            max(min(left, MASTER_TIMEOUT), 0.0),
+            lambda rs: accepted(rs) >= self.majority,
+        )
+        if accepted(acks) >= self.majority and loop.time() < start + validity:
+            return (token, start + validity), None, value
+        await self._undo_and_wait(name, value, replies)
+        return None, _backoff(lease_s), value
+
+    async def _release(self, hold: Hold, outcome: asyncio.Future[int]) -> None:
+        name, value = hold.name, hold.release_args[0]
+        try:
+
+            async def one(master: _Master) -> Any:
+                return await master.engine.retry(
+                    "redlock_release", (master.lock_key(name),), (value, master.channel(name))
+                )
+
+            replies = await asyncio.gather(*(one(m) for m in self._masters), return_exceptions=True)
+        except BaseException as exc:  # cancelled (the Client closing)
+            hold.releasing = None
+            hold.mark_lost(f"release failed: {exc!r}")
+            if not outcome.done():
+                outcome.set_exception(exc)
+            raise
+        codes = [int(r) for r in replies if not isinstance(r, BaseException)]
+        if not codes:
+            error = next(r for r in replies if isinstance(r, BaseException))
+            hold.releasing = None
+            hold.mark_lost(f"release failed: {error!r}")
+            if not outcome.done():
+                outcome.set_exception(
+                    ConnectionFailedError(
+                        f"Redlock {name!r}: no master could be reached to release it; "
+                        "it frees itself when its lease runs out"
+                    )
+                )
+            return
+        code = 1 if any(codes) else 0
+        if code == 0 and not hold.lost:
+            hold.mark_lost("the hold was gone when released (expired or force-released)")
+        hold.detach()
+        if not outcome.done():
+            outcome.set_result(code)
+
+    async def _renew_on_all(
+        self, holds: list[Hold], seconds: float, timeout: float
+    ) -> list[list[int] | None]:
+        """Renew ``holds`` on every master (one call each): per master, one 1/0
+        per hold, or None where it failed or did not answer in time."""
+        ms = to_ms(seconds)
+
+        def renew(master: _Master) -> Awaitable[Any]:
+            keys = tuple(master.lock_key(h.name) for h in holds)
+            args = (ms, *(h.release_args[0] for h in holds))
+            engine = master.engine
+            return engine.eval("redlock_renew", keys, args, mux=engine.renew_mux)
+
+        replies = await self._on_all(renew, timeout)
+        return [[int(x) for x in r] if isinstance(r, list) else None for r in replies]
+
+    def _watch(self, hold: Hold) -> None:
+        self._watched[hold] = None
+        if self._renewer is None or self._renewer.done():
+            self._renewer = self._spawn(self._renew_loop())
+
+    async def _renew_loop(self) -> None:
+        """The watchdog of this Redlock: every lease / 3, renew every watched
+        hold on every master; a hold renewed on a majority gets a new
+        validity; one gone on a majority, or past its validity, is lost."""
+        loop = asyncio.get_running_loop()
+        period = self.lease / 3
+        next_round = loop.time() + period
+        while self._watched:
+            now = loop.time()
+            earliest = min(h.expires_at for h in self._watched)
+            if now < next_round:
+                await asyncio.sleep(min(next_round, earliest) - now)
+                self._expire(loop.time())
+                continue
+            holds = list(self._watched)
+            sent = loop.time()
+            timeout = max(min(period, earliest - sent), 0.001)
+            try:
+                results = await self._renew_on_all(holds, self.lease, timeout)
+            except Exception as exc:  # never let the watchdog die
+                log.warning("aiolock: Redlock renewal failed: %r", exc)
+                results = [None] * len(self._masters)
+            for i, hold in enumerate(holds):
+                if hold not in self._watched:
+                    continue
+                alive = sum(1 for r in results if r is not None and r[i] == 1)
+                gone = sum(1 for r in results if r is not None and r[i] == 0)
+                if alive >= self.majority:
+                    hold.renewed(sent, self._validity(self.lease))
+                elif gone > len(self._masters) - self.majority:
+                    hold.gone("the hold was gone on a majority of masters")
+            self._expire(loop.time())
+            next_round = sent + period
+
+    def _expire(self, now: float) -> None:
+        for hold in list(self._watched):
+            if now >= hold.expires_at:
+                hold.gone("could not renew it on a majority of masters before its validity ended")
+
+
+def _transient(exc: BaseException) -> bool:
+    """A failure of one master that counts as "no reply" (the others decide)."""
+    return isinstance(exc, TRANSIENT | TimeoutError)
+
+
+def _backoff(lease: float) -> float:
+    """A short random pause before retrying an attempt that failed without a holder."""
+    return min(lease / 10, 0.05) * (0.5 + secrets.randbelow(1000) / 2000)
+
+
+class RedlockLock(Acquirable[Lease]):
+    """A lock over the masters of a :class:`Redlock`, with the ``AsyncLock`` API.
+
+    * **Who may release:** the task that acquired it (``release()``), or
+      anyone with the :class:`Lease` (``lease.release()``).
+    * **Reentrant** per asyncio Task (no round trip); a re-entry returns
+      the holder's token. Tasks of one process compete like any two
+      processes (no local queue, no fairness).
+    * **Acquiring:** every master at once; held when a majority granted it
+      and its fencing token was written back to a majority within the
+      validity (lease minus the time taken, minus ``drift * lease``, minus
+      2 ms). A failed attempt releases what it took on every master before
+      the task waits, woken by a release on any master (pub/sub), every
+      wait bounded by the holder's TTL.
+    * **Lease expiry:** without ``lease=`` the hold is renewed on every
+      master every lease / 3; it is *lost* when a majority can no longer be
+      renewed before its validity ends, or is found gone there: then
+      ``lease.lost``, ``on_lost`` callbacks, and ``LockLostError`` from
+      ``async with`` (unless ``on_lost="ignore"``). With ``lease=`` it is
+      lost when its validity ends.
+    * **Cancellation:** an acquire cancelled at any await leaves nothing on
+      any master (its attempt is undone by value, in the background); a
+      cancelled release still completes; release is idempotent.
+    * **Fencing:** strictly increasing across acquisitions whatever the
+      quorum, including a master that came back empty (see the module
+      documentation for the rule and its limits).
+    """
+
+    __slots__ = ("_entry_map", "_redlock", "name")
+
+    def __init__(self, redlock: Redlock, name: str) -> None:
+        self.name = check_name(name)
+        self._redlock = redlock
+        self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
+
+    def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
+        return self._entry_map
+
+    def _my_hold(self) -> Hold | None:
+        hold = self._redlock._holds.get(self.name)
+        if hold is None or hold.task is not asyncio.current_task():
+            return None
+        return hold
+
+    async def _acquire(self, timeout: float | None, lease: float | None) -> Lease:
+        rl = self._redlock
+        task = rl._enter_task()
+        loop = task.get_loop()
+        hold = rl._holds.get(self.name)
+        if hold is not None and hold.task is task and hold.releasing is None and not hold.lost:
+            return hold.new_lease()
+        lease_s = rl.lease if lease is None else lease
+        if rl._validity(lease_s) <= 0:
+            raise InvalidArgumentError(
+                f"lease {lease_s!r} s is too short for Redlock (drift {rl.drift}): "
+                f"nothing of it would be valid"
+            )
+        owner = rl._masters[0].engine.owner(task)
+        name = self.name
+        deadline = None if timeout is None else loop.time() + timeout
+        current: str | None = None
+
+        async def attempt() -> tuple[tuple[int, float] | None, float | None]:
+            nonlocal current
+            result, hint, current = await rl._attempt(name, owner, lease_s, loop)
+            return result, hint
+
+        def waiter() -> Waiter:
+            return _AnyWaiter(
+                [m.engine.pubsub_waiter(m.channel(name)) for m in rl._masters], rl.majority
+            )
+
+        def abandon() -> None:
+            if current is not None:
+                rl._undo(name, current)
+
+        try:
+            (token, valid_until), _ = await compete(
+                rl,
+                what=f"Redlock {name!r}",
+                deadline=deadline,
+                attempt=attempt,
+                waiter=waiter,
+                abandon=abandon,
+            )
+        except BaseException:
+            # An attempt cancelled or timed out anywhere (even after it
+            # succeeded, before its result was taken): undo it by value.
+            abandon()
+            raise
+        assert current is not None
+        hold = Hold(
+            rl,
+            name,
+            owner,
+            token,
+            task,
+            lease_s,
+            lease is None,
+            valid_until,
+            release=("redlock_release", (), (current,)),
+            renew=("redlock_renew", "", (current,)),
+        )
+        rl._holds[name] = hold
+
+        def detached(h: Hold) -> None:
+            if rl._holds.get(name) is h:
+                del rl._holds[name]
+
+        hold.on_detach = detached
+        if lease is None:
+            rl._watch(hold)
+        else:
+            hold.timer = loop.call_at(valid_until, hold.gone, "the fixed lease expired")
+        return hold.new_lease()
+
+    async def release(self) -> None:
+        """Release the current task's most recent acquisition (see ``Lease.release``)."""
+        self._redlock.check_usable()
+        hold = self._my_hold()
+        if hold is None or not hold.leases:
+            raise LockNotOwnedError(
+                f"Redlock {self.name!r} is not held by the current task; "
+                "release it from the task that acquired it, or call lease.release()"
+            )
+        await hold.leases[-1].release()
+
+    async def _each(self, command: Callable[[_Master], Awaitable[Any]]) -> list[Any]:
+        self._redlock._enter_task()
+        return await self._redlock._on_all(command, MASTER_TIMEOUT)
+
+    async def is_locked(self) -> bool:
+        """True if the lock's key is on a majority of masters (one round trip each)."""
+        replies = await self._each(
+            lambda m: m.engine.call(m.lock_key(self.name), b"EXISTS", m.lock_key(self.name))
+        )
+        return sum(1 for r in replies if r == 1) >= self._redlock.majority
+
+    async def is_owned(self) -> bool:
+        """True if the current task holds the lock, confirmed by a majority of masters."""
+        hold = self._my_hold()
+        if hold is None or hold.lost:
+            return False
+        value = hold.release_args[0].encode()
+        replies = await self._each(
+            lambda m: m.engine.call(m.lock_key(self.name), b"GET", m.lock_key(self.name))
+        )
+        return sum(1 for r in replies if r == value) >= self._redlock.majority
+
+    async def hold_count(self) -> int:
+        """How many times the current task holds the lock (0 if not). No round trip."""
+        self._redlock._enter_task()
+        hold = self._my_hold()
+        return hold.count if hold is not None else 0
+
+    async def remaining_ttl(self) -> float | None:
+        """Seconds the lock stays on a majority of masters (whoever holds it); None if unlocked."""
+        replies = await self._each(
+            lambda m: m.engine.call(m.lock_key(self.name), b"PTTL", m.lock_key(self.name))
+        )
+        ttls = sorted(
+            (
+                math.inf if r == -1 else r / 1000.0
+                for r in replies
+                if isinstance(r, int) and r != -2
+            ),
+            reverse=True,
+        )
+        majority = self._redlock.majority
+        return ttls[majority - 1] if len(ttls) >= majority else None
+
+    async def force_release(self) -> bool:
+        """Delete the lock on every master whoever holds it; True if it was held on any.
+
+        The evicted holder's lease is lost (at once in this Redlock, at its
+        next renewal elsewhere). Fencing tokens keep increasing.
+        """
+        name = self.name
+        replies = await self._each(
+            lambda m: m.engine.eval(
+                "redlock_force_release", (m.lock_key(name),), (m.channel(name),)
+            )
+        )
+        hold = self._redlock._holds.get(name)
+        if hold is not None:
+            hold.mark_lost("force-released")
+        return any(r == 1 for r in replies)
+
+    def __repr__(self) -> str:
+        hold = self._redlock._holds.get(self.name)
+        if hold is None:
+            return f"<RedlockLock {self.name!r} not held here>"
+        return f"<RedlockLock {hold.describe(asyncio.get_event_loop().time())}>"

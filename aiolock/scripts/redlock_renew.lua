@@ -1,0 +1,22 @@
+-- redlock_renew: renew many Redlock holds on one master (a watchdog round; extend()).
+--
+-- KEYS[i]    lock key of the i-th hold   <prefix>:{<name>}:rl
+-- ARGV[1]    lease_ms  each hold still ours is made to last at least this long
+-- ARGV[i+1]  value of the i-th hold ("<owner>|<attempt id>")
+--
+-- Returns one integer per key: 1 if the key still holds that value (its TTL
+-- is now at least lease_ms, never shortened), 0 if it is gone or taken.
+--@include _types.lua
+local lease_ms = tonumber(ARGV[1])
+local result = {}
+for i, key in ipairs(KEYS) do
+    if is_type(key, 'string') and redis.call('GET', key) == ARGV[i + 1] then
+        if redis.call('PTTL', key) < lease_ms then
+            redis.call('PEXPIRE', key, lease_ms)
+        end
+        result[i] = 1
+    else
+        result[i] = 0
+    end
+end
+return result
