@@ -26,6 +26,7 @@ import pytest
 
 from aiolock import Client
 from tests.cluster_servers import ClusterProcess
+from tests.replication_servers import ReplicatedPair
 from tests.servers import (
     ContainerServer,
     RedisServer,
@@ -436,3 +437,34 @@ async def _fail_on_unhandled_loop_errors() -> AsyncIterator[None]:
             f"{len(seen)} unhandled error(s) reached the event loop's exception handler:\n{report}",
             pytrace=False,
         )
+
+
+# ------------------------------------------------------- replicated pairs (issue 12, replicas)
+# A master and a replica replicating through a stallable TcpProxy (tests/replication_servers.py).
+
+
+@pytest.fixture(scope="session", params=_kind_params())
+def _replicated_pairs(request: pytest.FixtureRequest) -> Iterator[ReplicatedPair]:
+    mode = _mode()
+    if mode != "process":
+        pytest.skip("a replicated pair is local server processes only")
+    kind: ServerKind = request.param
+    with ReplicatedPair(kind, _require_binary(kind)) as pair:
+        yield pair
+
+
+@pytest.fixture
+def replicated_pair(_replicated_pairs: ReplicatedPair) -> ReplicatedPair:
+    """The session's ``ReplicatedPair`` of this backend, healthy and empty:
+    resumed, master restarted if a test promoted its replica, flushed, in sync."""
+    pair = _replicated_pairs
+    if not pair.master.running or pair.replica.info("replication").get("role") != "slave":
+        pair.restart()
+    if pair.stalled:
+        pair.resume()
+    pair.master.flushall()
+    pair.wait_in_sync()
+    return pair
+
+
+# ------------------------------------------------------- end of replicated pairs

@@ -45,7 +45,8 @@ class ReplicatedPair:
             raise FileNotFoundError(f"no {kind}-server binary found")
         self.kind = kind
         self.binary = exe
-        self.master = ServerProcess(kind, exe)
+        # No 5 s wait for more replicas before a full sync starts.
+        self.master = ServerProcess(kind, exe, extra_args=("--repl-diskless-sync-delay", "0"))
         # repl-timeout: a stalled stream must not make either side drop the link
         # during a test (the default, 60 s, is already longer than any test).
         self.replica = ServerProcess(kind, exe, extra_args=("--repl-timeout", "60"))
