@@ -67,6 +67,7 @@ def summarise(
         "replicas": replicas,
         "redlock": redlock,
         "loss": loss,
+        "config": raw["meta"].get("config", {}).get("failover", {}),
     }
     s["targets"] = _targets(s, raw["meta"]["loops"])
     return s
@@ -252,11 +253,14 @@ def markdown(s: dict[str, Any]) -> list[str]:
     add("")
 
     add("### Redlock over 3 independent masters\n")
+    h = s.get("config", {}).get("redlock_handoff", {})
     add("`aiolock.Redlock([c1, c2, c3]).lock(name)` (one `Client.from_url` per master; each "
         "acquisition writes its fencing token back to a majority), pottery's "
         "`AIORedlock(key=name, masters={r1, r2, r3})` and `aioredlock.Aioredlock([m1, m2, m3])` "
-        "on the same 3 servers. Contended: tasks in one process take turns on one name "
-        "(hold 1 ms, think 1 ms); 'handoff' is the time from `release()` returning to the next "
+        f"on the same 3 servers. Contended: {h.get('tasks', '?')} tasks in one process take turns on one name "
+        f"(hold {_f(h.get('hold', math.nan) * 1000, 'g')} ms, then {_f(h.get('think', math.nan) * 1000, 'g')} ms "
+        "before trying again, so that the lock goes to a task that was waiting rather than back "
+        "to the one that released); 'handoff' is the time from `release()` returning to the next "
         "holder's `acquire()` returning: aiolock's waiters are woken by the release, the peers "
         "poll (pottery: a random 0-0.2 s sleep between attempts, aioredlock: 0.1-0.3 s).\n")  # fmt: skip
     red = s["redlock"]
