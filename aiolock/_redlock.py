@@ -227,6 +227,7 @@ class Redlock:
     """
 
     __slots__ = (
+        "_changed",
         "_holds",
         "_masters",
         "_renewer",
@@ -266,6 +267,8 @@ class Redlock:
         self._holds: dict[str, Hold] = {}
         self._watched: dict[Hold, None] = {}
         self._renewer: asyncio.Task[None] | None = None
+        # Set when the last watched hold leaves: the renewal task ends at once.
+        self._changed: asyncio.Event | None = None
 
     def lock(self, name: str) -> RedlockLock:
         """The lock ``name`` over these masters (cheap: no I/O)."""
@@ -291,6 +294,8 @@ class Redlock:
 
     def untrack(self, hold: Hold) -> None:
         self._watched.pop(hold, None)
+        if not self._watched and self._changed is not None:
+            self._changed.set()
 
     def run_callback(self, callback: LostCallback, lease: Lease) -> None:
         self._masters[0].engine.run_callback(callback, lease)
@@ -398,13 +403,13 @@ class Redlock:
             await asyncio.wait(answered, timeout=UNDO_WAIT)
 
     async def _attempt(
-        self, name: str, owner: str, lease_s: float, loop: asyncio.AbstractEventLoop
-    ) -> tuple[tuple[int, float] | None, float | None, str]:
-        """One attempt: ((token, validity end), None) or (None, wait hint); and its value.
+        self, name: str, value: str, lease_s: float, loop: asyncio.AbstractEventLoop
+    ) -> tuple[tuple[int, float] | None, float | None]:
+        """One attempt with ``value`` (unique to it): ((token, validity end),
+        None), or (None, how long to wait at most before the next).
 
         On failure everything it took is released before it returns; if it is
-        cancelled or fails, the caller undoes its value (``_undo``)."""
-        value = f"{owner}|{secrets.token_hex(8)}"
+        cancelled or raises, the caller undoes ``value`` (``_undo``)."""
         start = loop.time()
         validity = self._validity(lease_s)
         ms = to_ms(lease_s)
@@ -459,7 +464,7 @@ class Redlock:
             busy = [int(r[1]) for r in answers if r[0] == 0]
             ttls = [t for t in busy if t > 0]
             hint = min(ttls) / 1000.0 if ttls else (lease_s if busy else _backoff(lease_s))
-            return None, hint, value
+            return None, hint
         # The token: above every counter read, never below a server clock.
         token = 0
         roster: set[str] = set()
@@ -478,6 +483,7 @@ class Redlock:
                 to_ms(FENCE_RETENTION),
                 _RETENTION_US,
                 secrets.token_hex(8),
+                "",
                 *founders,
             )
             return master.engine.eval("redlock_fence", keys, args)
@@ -492,38 +498,87 @@ class Redlock:
             lambda rs: accepted(rs) >= self.majority,
         )
         if accepted(acks) >= self.majority and loop.time() < start + validity:
-            return (token, start + validity), None, value
+            self._seed(name, token, replies, acks)
+            return (token, start + validity), None
         await self._undo_and_wait(name, value, replies)
-        return None, _backoff(lease_s), value
+        return None, _backoff(lease_s)
+
+    def _seed(self, name: str, token: int, replies: list[Any], acks: list[Any]) -> None:
+        """After a majority accepted ``token``: write it to the masters that
+        refused it as untrusted (back empty), in the background, so that they
+        vouch for this name from now on. Safe: the token is above every token
+        handed out before, and it is written only if the master's generation
+        is still the one the attempt read (see redlock_fence.lua)."""
+        for master, reply, ack in zip(self._masters, replies, acks, strict=True):
+            if not (isinstance(reply, list) and isinstance(ack, list) and ack[0] == -1):
+                continue
+            seed_gen = _decode(reply[4]).split(":", 1)[0]
+            keys = (master.fence_key(name), master.gen_key, master.roster_key)
+            args = (token, to_ms(FENCE_RETENTION), _RETENTION_US, secrets.token_hex(8), seed_gen)
+            self._spawn(self._quietly(master.engine.eval("redlock_fence", keys, args)))
+
+    @staticmethod
+    async def _quietly(call: Awaitable[Any]) -> None:
+        try:
+            await call
+        except Exception as exc:  # a best effort: the next write-back may seed it
+            log.debug("aiolock: Redlock seed failed: %r", exc)
 
     async def _release(self, hold: Hold, outcome: asyncio.Future[int]) -> None:
-        name, value = hold.name, hold.release_args[0]
-        try:
+        """Release ``hold`` on every master (each retried, in the background).
 
-            async def one(master: _Master) -> Any:
+        Decided once a majority confirmed they deleted the key, or once one
+        did and the others had ``MASTER_TIMEOUT`` to answer (a paused master
+        does not hold the release up); with no confirmation yet, once every
+        master answered or failed for good. The releases still running go on
+        in the background.
+        """
+        name, value = hold.name, hold.release_args[0]
+
+        async def one(master: _Master) -> Any:
+            try:
                 return await master.engine.retry(
                     "redlock_release", (master.lock_key(name),), (value, master.channel(name))
                 )
+            except Exception as exc:
+                return exc
 
-            replies = await asyncio.gather(*(one(m) for m in self._masters), return_exceptions=True)
+        tasks = [self._spawn(one(m)) for m in self._masters]
+        try:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + MASTER_TIMEOUT
+            pending: set[asyncio.Task[Any]] = set(tasks)
+            while pending:
+                confirmed = sum(1 for t in tasks if t.done() and t.result() == 1)
+                if confirmed >= self.majority:
+                    break  # released on a majority: nobody else can hold it through us
+                left = end - loop.time()
+                if left <= 0 and confirmed:
+                    break
+                _, pending = await asyncio.wait(
+                    pending,
+                    timeout=left if left > 0 and confirmed else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
         except BaseException as exc:  # cancelled (the Client closing)
             hold.releasing = None
             hold.mark_lost(f"release failed: {exc!r}")
             if not outcome.done():
                 outcome.set_exception(exc)
             raise
+        replies = [t.result() for t in tasks if t.done()]
         codes = [int(r) for r in replies if not isinstance(r, BaseException)]
         if not codes:
             error = next(r for r in replies if isinstance(r, BaseException))
             hold.releasing = None
             hold.mark_lost(f"release failed: {error!r}")
             if not outcome.done():
-                outcome.set_exception(
-                    ConnectionFailedError(
-                        f"Redlock {name!r}: no master could be reached to release it; "
-                        "it frees itself when its lease runs out"
-                    )
+                failure = ConnectionFailedError(
+                    f"Redlock {name!r}: no master could be reached to release it; "
+                    "it frees itself when its lease runs out"
                 )
+                failure.__cause__ = error
+                outcome.set_exception(failure)
             return
         code = 1 if any(codes) else 0
         if code == 0 and not hold.lost:
@@ -557,14 +612,28 @@ class Redlock:
         """The watchdog of this Redlock: every lease / 3, renew every watched
         hold on every master; a hold renewed on a majority gets a new
         validity; one gone on a majority, or past its validity, is lost."""
+        try:
+            await self._renew_rounds()
+        except asyncio.CancelledError:
+            # The Client is closing (aclose cancels its background tasks).
+            for hold in list(self._watched):
+                hold.mark_lost("the Client was closed")
+            raise
+
+    async def _renew_rounds(self) -> None:
         loop = asyncio.get_running_loop()
         period = self.lease / 3
         next_round = loop.time() + period
+        changed = self._changed = asyncio.Event()
         while self._watched:
             now = loop.time()
             earliest = min(h.expires_at for h in self._watched)
             if now < next_round:
-                await asyncio.sleep(min(next_round, earliest) - now)
+                try:
+                    async with asyncio.timeout(min(next_round, earliest) - now):
+                        await changed.wait()  # set when nothing is left to renew
+                except TimeoutError:
+                    pass
                 self._expire(loop.time())
                 continue
             holds = list(self._watched)
@@ -595,7 +664,7 @@ class Redlock:
 
 def _transient(exc: BaseException) -> bool:
     """A failure of one master that counts as "no reply" (the others decide)."""
-    return isinstance(exc, TRANSIENT | TimeoutError)
+    return isinstance(exc, (*TRANSIENT, TimeoutError))
 
 
 def _backoff(lease: float) -> float:
@@ -667,8 +736,9 @@ class RedlockLock(Acquirable[Lease]):
 
         async def attempt() -> tuple[tuple[int, float] | None, float | None]:
             nonlocal current
-            result, hint, current = await rl._attempt(name, owner, lease_s, loop)
-            return result, hint
+            # Known before anything is sent: an attempt cancelled anywhere is undone by it.
+            current = f"{owner}|{secrets.token_hex(8)}"
+            return await rl._attempt(name, current, lease_s, loop)
 
         def waiter() -> Waiter:
             return _AnyWaiter(

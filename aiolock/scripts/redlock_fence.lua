@@ -10,17 +10,23 @@
 -- ARGV[3]  trust_us     how old a generation must be for its missing counters to be
 --                       trusted (the counters' retention, in microseconds)
 -- ARGV[4]  new_gen      a random id: this master's generation id if it has none
--- ARGV[5..] roster      the founding generation ids the caller knows (added to the
+-- ARGV[5]  seed_gen     "" (a write-back), or a generation id (a seed, below)
+-- ARGV[6..] roster      the founding generation ids the caller knows (added to the
 --                       roster here, whatever the outcome)
 --
--- Accepts the token (sets t = token, resets the hash's TTL) when t is present and
--- lower than the token, or when t is absent and this master's generation is
--- trusted: listed in ARGV[5..], or at least trust_us old. A missing counter of
--- an untrusted generation (the master came back empty less than trust_us ago,
--- after the roster was founded) may be one that was lost: nothing is written.
+-- A write-back accepts the token (sets t = token, resets the hash's TTL) when t
+-- is present and lower than the token, or when t is absent and this master's
+-- generation is trusted: listed in ARGV[6..], or at least trust_us old. A
+-- missing counter of an untrusted generation (the master came back empty less
+-- than trust_us ago, after the roster was founded) may be one that was lost:
+-- nothing is written.
+-- A seed writes a token a majority already accepted to a master that refused it
+-- as untrusted: t = max(t, token), but only if the master's generation is still
+-- seed_gen (it did not come back empty again since the attempt read it).
 --
 -- Returns {code, counter}: code 1 accepted; 0 refused, t >= token already
--- (counter: t); -1 refused, t absent and the generation untrusted (counter "").
+-- (counter: t); -1 refused, t absent and the generation untrusted, or (a seed)
+-- the generation changed (counter "").
 --@include _types.lua
 check_types(KEYS, 'hash', 'string', 'set')
 local now = redis.call('TIME')
@@ -30,21 +36,28 @@ if not gen then
     gen = ARGV[4] .. ':' .. string.format('%d', clock)
     redis.call('SET', KEYS[2], gen)
 end
-if #ARGV > 4 then
-    redis.call('SADD', KEYS[3], unpack(ARGV, 5))
+if #ARGV > 5 then
+    redis.call('SADD', KEYS[3], unpack(ARGV, 6))
 end
 local token = tonumber(ARGV[1])
 local last = redis.call('HGET', KEYS[1], 't')
-if last then
+local sep = string.find(gen, ':', 1, true)
+local id, created = string.sub(gen, 1, sep - 1), tonumber(string.sub(gen, sep + 1))
+if ARGV[5] ~= '' then
+    if id ~= ARGV[5] then
+        return {-1, ''}
+    end
+    if last and tonumber(last) >= token then
+        return {0, last}
+    end
+elseif last then
     if tonumber(last) >= token then
         return {0, last}
     end
 else
-    local sep = string.find(gen, ':', 1, true)
-    local id, created = string.sub(gen, 1, sep - 1), tonumber(string.sub(gen, sep + 1))
     local trusted = clock - created >= tonumber(ARGV[3])
     if not trusted then
-        for i = 5, #ARGV do
+        for i = 6, #ARGV do
             if ARGV[i] == id then
                 trusted = true
                 break

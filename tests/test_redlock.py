@@ -1,0 +1,446 @@
+"""Redlock over three independent masters (real servers started here).
+
+Three ``ServerProcess`` masters for the module (one set per xdist worker),
+flushed before each test; a test that stops, pauses or restarts one leaves
+it to the ``masters`` fixture to bring back. Clients of one Redlock stand
+for one process; two Redlocks over the same masters for two processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+
+import aiolock
+from aiolock import (
+    Client,
+    ConnectionFailedError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    LockLostError,
+    LockTimeoutError,
+    Redlock,
+)
+from tests.core_util import eventually
+from tests.servers import ServerProcess, binary_for
+
+pytestmark = pytest.mark.timeout(90)
+
+MakeRedlock = Callable[..., Awaitable[Redlock]]
+
+
+def _lock_key(name: str) -> str:
+    return f"aiolock:{{{name}}}:rl"
+
+
+def _fence_key(name: str) -> str:
+    return f"aiolock:{{{name}}}:rl:fence"
+
+
+@pytest.fixture(scope="module")
+def _three_masters() -> Iterator[list[ServerProcess]]:
+    if os.environ.get("AIOLOCK_TEST_REDIS_URL") or os.environ.get("AIOLOCK_TEST_BACKEND"):
+        pytest.skip("Redlock tests start their own three servers (process mode only)")
+    binary = binary_for("redis")
+    if binary is None:
+        pytest.skip("redis-server not found")
+    servers = [ServerProcess("redis", binary) for _ in range(3)]
+    try:
+        for server in servers:
+            server.start()
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture
+def masters(_three_masters: list[ServerProcess]) -> Iterator[list[ServerProcess]]:
+    """The three masters, running and empty (a new deployment) for each test."""
+    for server in _three_masters:
+        server.resume()
+        if not server.running:
+            server.restart()
+        server.reset()
+    yield _three_masters
+    for server in _three_masters:
+        server.resume()
+
+
+@pytest.fixture
+async def make_redlock(masters: list[ServerProcess]) -> AsyncIterator[MakeRedlock]:
+    made: list[Client] = []
+
+    async def make(*, lease: float = 30.0, drift: float = 0.01) -> Redlock:
+        clients = [Client.from_url(s.url, lease=lease, command_timeout=3.0) for s in masters]
+        made.extend(clients)
+        return Redlock(clients, drift=drift)
+
+    yield make
+    for server in masters:
+        server.resume()
+    for client in made:
+        await client.aclose()
+
+
+def _held_on(server: ServerProcess, name: str) -> bool:
+    return bool(server.execute("EXISTS", _lock_key(name)))
+
+
+async def _nothing_held(masters: list[ServerProcess], name: str, *redlocks: Redlock) -> None:
+    """No key of ``name`` on any running master, no local hold (undo runs in the background)."""
+    up = [s for s in masters if s.running]
+    await eventually(
+        lambda: not any(_held_on(s, name) for s in up) and not any(rl._holds for rl in redlocks),
+        what=f"no key of {name!r} left, no hold",
+    )
+
+
+def _server_clock_us(server: ServerProcess) -> int:
+    sec, usec = server.execute("TIME")
+    return int(sec) * 1_000_000 + int(usec)
+
+
+# -- API ------------------------------------------------------------------------------------
+
+
+async def test_api_basics(make_redlock: MakeRedlock, masters: list[ServerProcess]) -> None:
+    rl = await make_redlock()
+    lock = rl.lock("basics")
+    assert isinstance(lock, aiolock.RedlockLock)
+    assert not await lock.is_locked()
+    assert await lock.remaining_ttl() is None
+    lease = await lock.acquire()
+    assert lease.name == "basics" and not lease.lost
+    assert await lock.is_locked() and await lock.is_owned()
+    assert await lock.hold_count() == 1
+    ttl = await lock.remaining_ttl()
+    assert ttl is not None and 25 < ttl <= 30
+    assert all(_held_on(s, "basics") for s in masters)
+    # The token was written back to every master (a majority at least).
+    assert all(
+        int(s.execute("HGET", _fence_key("basics"), "t")) == lease.fencing_token for s in masters
+    )
+    assert await lock.try_acquire() is not None  # re-entry
+    await lock.release()
+    await lease.release()
+    await lease.release()  # idempotent
+    assert not await lock.is_locked() and not await lock.is_owned()
+    await _nothing_held(masters, "basics", rl)
+
+    async with lock(timeout=5, lease=10) as fixed:
+        assert 8 < (await lock.remaining_ttl() or 0) <= 10
+        assert fixed.fencing_token > lease.fencing_token
+
+    calls: list[int] = []
+
+    @lock
+    async def guarded() -> int:
+        calls.append(await lock.hold_count())
+        return 7
+
+    assert await guarded() == 7 and calls == [1]
+
+    # force_release: the holder's lease is lost; the next token is higher still.
+    held = await lock.acquire()
+    assert await lock.force_release()
+    assert held.lost
+    assert not await lock.is_locked()
+    again = await lock.acquire()
+    assert again.fencing_token > held.fencing_token
+    await again.release()
+    await _nothing_held(masters, "basics", rl)
+
+
+async def test_reentrancy_per_task(make_redlock: MakeRedlock) -> None:
+    rl = await make_redlock()
+    lock = rl.lock("reentrant")
+    outer = await lock.acquire()
+    inner = await lock.acquire()
+    assert inner.fencing_token == outer.fencing_token
+    assert await lock.hold_count() == 2
+
+    async def other_task() -> Any:
+        return await lock.try_acquire(0.2)
+
+    assert await asyncio.create_task(other_task()) is None  # another task waits
+    await inner.release()
+    assert await lock.is_owned()
+    await outer.release()
+    got = await asyncio.create_task(other_task())
+    assert got is not None and got.fencing_token > outer.fencing_token
+    await got.release()
+
+
+async def test_mutual_exclusion_between_two_redlocks(
+    make_redlock: MakeRedlock, masters: list[ServerProcess]
+) -> None:
+    a, b = await make_redlock(), await make_redlock()
+    inside = 0
+    tokens: list[int] = []
+
+    async def worker(rl: Redlock) -> None:
+        nonlocal inside
+        for _ in range(5):
+            async with rl.lock("shared") as lease:
+                inside += 1
+                assert inside == 1, "two holders at once"
+                tokens.append(lease.fencing_token)
+                await asyncio.sleep(0.002)
+                inside -= 1
+
+    await asyncio.wait_for(asyncio.gather(*(worker(rl) for rl in (a, b, a, b))), 30)
+    assert len(tokens) == 20
+    assert tokens == sorted(tokens) and len(set(tokens)) == 20
+    await _nothing_held(masters, "shared", a, b)
+
+
+async def test_waiter_wakes_on_release_not_by_polling(make_redlock: MakeRedlock) -> None:
+    holder, waiter = await make_redlock(), await make_redlock()
+    lease = await holder.lock("wake").acquire()  # watchdog lease: 30 s TTL
+    got: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+
+    async def wait_for_it() -> None:
+        mine = await waiter.lock("wake").acquire(timeout=20)
+        got.set_result(time.monotonic())
+        await mine.release()
+
+    task = asyncio.create_task(wait_for_it())
+    await asyncio.sleep(0.3)  # parked by now (its TTL-bounded retry is 30 s away)
+    assert not got.done()
+    released = time.monotonic()
+    await lease.release()
+    woke = await asyncio.wait_for(got, 10)
+    await task
+    # Woken by the release's message: far sooner than its next retry (the TTL, 30 s).
+    assert woke - released < 2.0
+
+
+# -- fencing when the quorum changes ----------------------------------------------------------
+
+
+async def test_token_written_back_when_the_largest_counter_is_missing(
+    make_redlock: MakeRedlock, masters: list[ServerProcess]
+) -> None:
+    a, _b, c = masters
+    rl = await make_redlock()
+    lock = rl.lock("wb")
+    await (await lock.acquire()).release()  # a new deployment: every master seen
+    # A's counter runs far ahead of the clocks (reservations, a skewed clock).
+    ahead = _server_clock_us(a) + 10**12
+    a.execute("HSET", _fence_key("wb"), "t", ahead)
+    c.pause()
+    first = await lock.acquire(timeout=10)  # quorum {A, B}
+    assert first.fencing_token > ahead
+    await first.release()
+    c.resume()
+    a.pause()
+    second = await lock.acquire(timeout=10)  # quorum {B, C}: A (the largest) missing
+    # Without the write-back, B and C know only their clocks: far below `ahead`.
+    assert second.fencing_token > first.fencing_token
+    await second.release()
+    a.resume()
+    third = await lock.acquire(timeout=10)
+    assert third.fencing_token > second.fencing_token
+    await third.release()
+    await _nothing_held(masters, "wb", rl)
+
+
+async def test_master_back_empty_is_not_trusted_for_lost_counters(
+    make_redlock: MakeRedlock, masters: list[ServerProcess]
+) -> None:
+    a, b, c = masters
+    rl = await make_redlock()
+    lock = rl.lock("empty")
+    await (await lock.acquire()).release()  # founds the roster with A, B, C
+    ahead = _server_clock_us(a) + 10**12
+    a.execute("HSET", _fence_key("empty"), "t", ahead)
+    c.pause()
+    first = await lock.acquire(timeout=10)  # written back to A and B only
+    assert first.fencing_token > ahead
+    await first.release()
+    c.resume()
+    b.restart()  # B comes back empty: its copy of the token is gone
+    a.pause()  # the quorum left is {B, C}: neither knows the token any more
+    # B's counter is absent and B's generation is new: it may not vouch for it.
+    # Without the rule this would be granted with a clock token below `first`.
+    assert await lock.try_acquire(1.5) is None
+    await _nothing_held([b, c], "empty", rl)
+    assert b.execute("HGET", _fence_key("empty"), "t") is None
+    a.resume()
+    second = await lock.acquire(timeout=10)  # A is back: it carries the token
+    assert second.fencing_token > first.fencing_token
+    await second.release()
+    # A majority accepted that token: B, refusing it as untrusted, was seeded
+    # with it (its generation unchanged since read): it vouches for it now.
+    await eventually(
+        lambda: b.execute("HGET", _fence_key("empty"), "t") == str(second.fencing_token),
+        what="B seeded with the token",
+    )
+    a.pause()
+    third = await lock.acquire(timeout=10)
+    assert third.fencing_token > second.fencing_token
+    await third.release()
+    a.resume()
+    await _nothing_held(masters, "empty", rl)
+
+
+# -- masters down -----------------------------------------------------------------------------
+
+
+async def test_one_master_down_acquisitions_still_work(
+    make_redlock: MakeRedlock, masters: list[ServerProcess]
+) -> None:
+    rl = await make_redlock()
+    lock = rl.lock("one-down")
+    before = await lock.acquire()
+    await before.release()
+    masters[1].kill()
+    tokens = [before.fencing_token]
+    for _ in range(3):
+        async with lock(timeout=10) as lease:
+            tokens.append(lease.fencing_token)
+            assert await lock.is_locked()
+    assert tokens == sorted(tokens) and len(set(tokens)) == 4
+    await _nothing_held(masters, "one-down", rl)
+
+
+async def test_two_masters_down_acquire_fails_and_leaves_nothing(
+    make_redlock: MakeRedlock, masters: list[ServerProcess]
+) -> None:
+    rl = await make_redlock()
+    lock = rl.lock("two-down")
+    await (await lock.acquire()).release()
+    masters[0].kill()
+    masters[2].pause()
+    start = time.monotonic()
+    with pytest.raises((LockTimeoutError, ConnectionFailedError)):
+        await lock.acquire(timeout=1.0)
+    assert time.monotonic() - start < 6
+    await _nothing_held([masters[1]], "two-down", rl)
+
+
+async def test_holder_gets_lock_lost_when_the_quorum_is_lost(
+    make_redlock: MakeRedlock, masters: list[ServerProcess]
+) -> None:
+    rl = await make_redlock(lease=1.5)
+    lock = rl.lock("lost")
+    lost_seen: list[bool] = []
+    start = 0.0
+    with pytest.raises(LockLostError):
+        async with lock as lease:
+            lease.on_lost(lambda lease: lost_seen.append(lease.lost))
+            start = time.monotonic()
+            masters[0].kill()
+            masters[1].pause()
+            await asyncio.sleep(30)
+    # Lost within its lease (1.5 s from the last renewal), with some slack.
+    assert time.monotonic() - start < 1.5 + 1.5
+    await eventually(lambda: lost_seen == [True], what="the on_lost callback")
+    assert rl._holds == {}
+
+
+# -- cancellation -----------------------------------------------------------------------------
+
+
+async def test_cancelled_acquire_at_every_await_leaves_nothing(
+    make_redlock: MakeRedlock, masters: list[ServerProcess]
+) -> None:
+    rl = await make_redlock()
+    lock = rl.lock("cancel")
+    steps = 0
+    while True:
+        task = asyncio.create_task(lock.acquire(timeout=5))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        if task.done():
+            await (await task).release()
+            break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await _nothing_held(masters, "cancel", rl)
+        steps += 1
+    assert steps > 3  # the acquire had several awaits to be cancelled at
+    await _nothing_held(masters, "cancel", rl)
+
+
+async def test_cancelled_waiter_and_cancelled_release(
+    make_redlock: MakeRedlock, masters: list[ServerProcess]
+) -> None:
+    holder, other = await make_redlock(), await make_redlock()
+    lease = await holder.lock("cr").acquire()
+    for steps in (0, 1, 3, 10, 30):
+        waiting = asyncio.create_task(other.lock("cr").acquire(timeout=10))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+    assert other._holds == {}
+    # A release cancelled at any step still completes.
+    for steps in (1, 2, 3, 5):  # (at 0 the release would not have begun)
+        releasing = asyncio.create_task(lease.release())
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        releasing.cancel()
+        try:
+            await releasing
+        except asyncio.CancelledError:
+            pass
+        await _nothing_held(masters, "cr", holder, other)
+        assert lease.released
+        lease = await holder.lock("cr").acquire()
+    await lease.release()
+    await _nothing_held(masters, "cr", holder, other)
+
+
+# -- arguments --------------------------------------------------------------------------------
+
+
+async def test_bad_arguments_are_typed_errors_before_any_io() -> None:
+    # Nothing listens there: any I/O would fail with ConnectionFailedError instead.
+    clients = [Client.from_url(f"redis://127.0.0.1:1/{db}") for db in range(4)]
+    try:
+        c1, c2, c3, c4 = clients
+        with pytest.raises(InvalidArgumentError):
+            Redlock([c1, c2])
+        with pytest.raises(InvalidArgumentError):
+            Redlock([])
+        with pytest.raises(InvalidArgumentError):
+            Redlock([c1, c1, c2])
+        with pytest.raises(InvalidArgumentTypeError):
+            Redlock("abc")  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentTypeError):
+            Redlock([c1, "x", c2])  # type: ignore[list-item]
+        for drift in (0.5, -0.1, float("nan")):
+            with pytest.raises(InvalidArgumentError):
+                Redlock([c1, c2, c3], drift=drift)
+        for bad in ("0.1", True, None):
+            with pytest.raises(InvalidArgumentTypeError):
+                Redlock([c1, c2, c3], drift=bad)  # type: ignore[arg-type]
+        rl = Redlock([c1, c2, c3], drift=0.0)
+        with pytest.raises(InvalidArgumentError):
+            rl.lock("")
+        with pytest.raises(InvalidArgumentTypeError):
+            rl.lock(3)  # type: ignore[arg-type]
+        lock = rl.lock("x")
+        with pytest.raises(InvalidArgumentError):
+            await lock.acquire(timeout=-1)
+        with pytest.raises(InvalidArgumentError):
+            await lock.acquire(lease=0)
+        with pytest.raises(InvalidArgumentError):
+            await lock.acquire(lease=0.001)  # nothing of it would be valid
+        with pytest.raises(InvalidArgumentError):
+            lock(on_lost="later")  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentTypeError):
+            await lock.try_acquire("1")  # type: ignore[arg-type]
+        assert isinstance(Redlock([c1, c2, c3, c4][:3]), Redlock)
+    finally:
+        for client in clients:
+            await client.aclose()
