@@ -15,10 +15,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+from redis.asyncio.cluster import RedisCluster
 
 from aiolock import (
     Client,
     LockLostError,
+    LockTimeoutError,
     ReplicationError,
     UnsupportedServerError,
 )
@@ -182,6 +184,20 @@ async def test_waiter_behind_another_client_is_acknowledged(
         await assert_clean(client, plain)
 
 
+async def test_busy_is_not_a_replication_error(replicated_pair: ReplicatedPair) -> None:
+    """A try that grants nothing (the lock is held elsewhere) is not refused for
+    the replicas' silence: the caller waits on, and times out as usual."""
+    pair = replicated_pair
+    async with client_for(pair) as client, Client.from_url(pair.master.url) as plain:
+        held = await plain.lock("a").acquire()
+        pair.stall()
+        with pytest.raises(LockTimeoutError):
+            await client.lock("a").acquire(timeout=RT * 2)
+        pair.resume()
+        await held.release()
+        await assert_clean(client, plain)
+
+
 async def test_unacknowledged_renewals_lose_the_hold(replicated_pair: ReplicatedPair) -> None:
     """The master renews, the replica never acknowledges: the hold is lost at its
     last acknowledged expiry (LockLostError from ``async with``), not later."""
@@ -327,3 +343,28 @@ async def test_failover_with_replicas_never_double_grants(
             assert await other.lock("kept").try_acquire() is None, "double holder"
             assert await other.lock("refused").is_locked() is False
         assert held.fencing_token > 0
+
+
+async def test_cluster_mode_is_refused_with_replicas() -> None:
+    """Cluster mode has no acknowledged lane per master yet: a clear error at
+    first use, before any connection (none is made to this unused port)."""
+    async with Client(RedisCluster(host="127.0.0.1", port=1), replicas=1) as client:
+        with pytest.raises(UnsupportedServerError, match="not supported in Redis Cluster"):
+            await client.lock("a").acquire()
+
+
+async def test_unacknowledged_extension_keeps_the_expiry(replicated_pair: ReplicatedPair) -> None:
+    """Lease.extend with a stalled replica: ReplicationError, the fixed lease's
+    expiry unchanged (the master's longer TTL is not promised)."""
+    pair = replicated_pair
+    async with client_for(pair) as client:
+        lease = await client.lock("a").acquire(lease=20)
+        expires_at = lease._hold.expires_at
+        pair.stall()
+        with pytest.raises(ReplicationError):
+            await lease.extend(60)
+        assert lease._hold.expires_at == expires_at
+        pair.resume()
+        await lease.extend(60)
+        assert lease._hold.expires_at > expires_at + 30
+        await lease.release()

@@ -343,6 +343,8 @@ class Lease:
         For a fixed lease this moves its expiry; for a watchdog lease it only
         matters if the watchdog is late. Raises LockNotOwnedError if the hold is
         gone, ConnectionFailedError if Redis stayed unreachable for a second or two.
+        With ``replicas=N`` the extension counts only once N replicas
+        acknowledged it: else ReplicationError, and the hold keeps its expiry.
         """
         value = check_seconds(seconds, "extend seconds", allow_zero=False)
         hold = self._hold

@@ -16,13 +16,13 @@ blocks every later command on its connection until it answers. Hence:
   ``WAITAOF 1 N timeout_ms`` with ``wait_aof`` (the master's own AOF fsync
   too: it needs ``appendonly yes`` and Redis/Valkey 7.2+).
 * Every script of a batch resolves when that WAIT answers. Acknowledged by
-  at least N (and the AOF, with ``wait_aof``): the caller gets the script's
-  reply. Fewer: the acquisition is undone (the caller's ``orphan``, an
-  ``Undo``, is called with the script's reply, so it releases exactly what
-  the script took) and the caller gets ``ReplicationError(acknowledged,
-  required)`` at once. The WAIT failed (connection lost, no reply within
-  the command timeout, WAITAOF refused): undone too, and the caller gets
-  that error.
+  at least N (and the AOF, with ``wait_aof``), or a reply that grants
+  nothing (busy: ``granted``): the caller gets the script's reply. Fewer:
+  the acquisition is undone (the caller's ``orphan``, an ``Undo``, is
+  called with the script's reply, so it releases exactly what the script
+  took) and the caller gets ``ReplicationError(acknowledged, required)`` at
+  once. The WAIT failed (connection lost, no reply within the command
+  timeout, WAITAOF refused): undone too, and the caller gets that error.
 * A caller cancelled while its script or its WAIT is in flight: the batch
   goes on, and the acquisition is undone when the reply comes (the orphan,
   whatever the WAIT said: its caller will not take it).
@@ -253,7 +253,9 @@ def _resolve(entry: _Entry, failure: AiolockError | None) -> None:
             entry.settled = True
             orphan(entry.reply, None)  # nobody takes it: undo what it took
         return
-    if failure is None:
+    if failure is None or not granted(entry.reply):
+        # Acknowledged, or nothing was granted (busy: the caller waits on, and
+        # its next try is acknowledged or refused in turn).
         fut.set_result(entry.reply)
         return
     # Not acknowledged: undo exactly what the script took, then tell the caller.
@@ -261,6 +263,16 @@ def _resolve(entry: _Entry, failure: AiolockError | None) -> None:
     if orphan is not None:
         orphan(entry.reply, None)
     fut.set_exception(_own(failure))
+
+
+def granted(reply: Any) -> bool:
+    """Whether an acquire script's reply grants a hold: every acquire script's
+    reply opens with 1 when it did (``{1, token, ...}``), with 0, 2 or -1 when
+    it did not (busy, waiting writer, too many permits: see their headers)."""
+    try:
+        return int(reply[0]) == 1
+    except (TypeError, ValueError, IndexError):
+        return True  # an unknown shape: take it for a grant (refused, never waved through)
 
 
 def _own(error: AiolockError) -> AiolockError:
