@@ -292,9 +292,18 @@ async def _one_run(
     first = aiolock.Client.from_url(pair.master.url, **options)
     await first.__aenter__()
     try:
-        # Warm: connections, scripts, and (replicas=1) one acknowledged acquisition.
-        warm = await first.lock(f"{name}:warm").acquire(timeout=10)
-        await warm.release()
+        # Warm: connections, scripts, and (replicas=1) one acknowledged acquisition
+        # (tried a few times: on a loaded machine an acknowledgement can take longer
+        # than replica_timeout even with the stream flowing).
+        for attempt in range(5):
+            try:
+                warm = await first.lock(f"{name}:warm").acquire(timeout=10)
+            except aiolock.ReplicationError:
+                if attempt == 4:
+                    raise
+                continue
+            await warm.release()
+            break
         pair.proxy.blackhole()
         restore = None
         if lag == "short":
