@@ -97,6 +97,10 @@ def test_quick_benchmark_writes_results(tmp_path: Path) -> None:
     # double holder.
     failover = results[results.index("## Failover (issue 12)") : results.index("## Cluster")]
     assert "| uncontended acquire+release p50 (µs) | asyncio |" in failover
+    redlock = failover[failover.index("### Redlock over 3 independent masters") :]
+    assert "| aiolock | asyncio |" in redlock
+    failed = [e for e in summary["errors"] if e["scenario"].startswith("failover_")]
+    assert not failed, failed
     rows = summary["failover"]["loss"]["rows"]
     assert rows["replicas=0"]["failed"] == rows["replicas=1"]["failed"] == 0, rows
     long0 = rows["replicas=0, long lag"]
