@@ -73,6 +73,7 @@ import asyncio
 import logging
 import math
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -106,6 +107,11 @@ MASTER_TIMEOUT = 1.0
 #: A failed attempt waits at most this long for its undo before the task waits or retries.
 UNDO_WAIT = 0.5
 _RETENTION_US = int(FENCE_RETENTION * 1_000_000)
+#: A proposed token runs this far ahead of the proposer's clock (in microseconds),
+#: so that it is not below the masters' clocks when it arrives.
+PROPOSAL_LEAD_US = 500_000
+#: Names whose last token a Redlock remembers for its proposals.
+LAST_TOKENS = 1024
 
 
 def engine_of(client: Client) -> Engine:
@@ -229,8 +235,10 @@ class Redlock:
     __slots__ = (
         "_changed",
         "_holds",
+        "_last",
         "_masters",
         "_renewer",
+        "_roster",
         "_watched",
         "drift",
         "lease",
@@ -267,6 +275,10 @@ class Redlock:
         self._holds: dict[str, Hold] = {}
         self._watched: dict[Hold, None] = {}
         self._renewer: asyncio.Task[None] | None = None
+        # The founding generations last seen (passed with every attempt), and
+        # the last token handed out per name, for the proposal (bounded).
+        self._roster: tuple[str, ...] = ()
+        self._last: dict[str, int] = {}
         # Set when the last watched hold leaves: the renewal task ends at once.
         self._changed: asyncio.Event | None = None
 
@@ -414,7 +426,18 @@ class Redlock:
         validity = self._validity(lease_s)
         ms = to_ms(lease_s)
         n = len(self._masters)
+        majority = self.majority
         per_call = min(validity / 2, MASTER_TIMEOUT)
+        known = self._roster
+        # A proposed token, accepted in the same round trip where the masters
+        # can (the usual case): above the last token seen for the name, ahead
+        # of the clocks. None until the roster is known.
+        proposed = (
+            max(self._last.get(name, 0) + 1, time.time_ns() // 1000 + PROPOSAL_LEAD_US)
+            if known
+            else 0
+        )
+        common = (proposed, to_ms(FENCE_RETENTION), _RETENTION_US, *known)
 
         def acquire(master: _Master) -> Awaitable[Any]:
             keys = (
@@ -424,20 +447,24 @@ class Redlock:
                 master.roster_key,
             )
             # A random generation id of its own, used if the master has none yet.
-            args = (value, ms, secrets.token_hex(8))
+            args = (value, ms, secrets.token_hex(8), *common)
             return master.engine.eval("redlock_acquire", keys, args)
 
         def decided(replies: list[Any]) -> bool:
-            # A majority granted (a master that answers later and grants too
-            # is part of the hold: renewed and released by value), or none can.
-            # Until some master shows the roster, wait for every reply (a new
-            # deployment founds the roster only from all N: see the module doc).
-            granted = sum(1 for r in replies if isinstance(r, list) and r[0] == 1)
-            failed = sum(1 for r in replies if r is not None) - granted
-            if failed > n - self.majority:
+            # A majority accepted the proposed token (it implies a grant), or
+            # none can be granted; else a majority granted (a master that
+            # answers later and grants too is part of the hold: renewed and
+            # released by value). Until some master shows the roster, wait for
+            # every reply (a new deployment founds the roster only from all N).
+            answers = [r for r in replies if isinstance(r, list)]
+            if sum(1 for r in answers if r[6] == 1) >= majority:
                 return True
-            rostered = any(isinstance(r, list) and r[5] for r in replies)
-            return granted >= self.majority and (rostered or None not in replies)
+            granted = sum(1 for r in answers if r[0] == 1)
+            failed = sum(1 for r in replies if r is not None) - granted
+            if failed > n - majority:
+                return True
+            rostered = any(r[5] for r in answers)
+            return granted >= majority and (rostered or None not in replies)
 
         replies = await self._on_all(acquire, per_call, decided)
         answers = [r for r in replies if isinstance(r, list)]
@@ -453,27 +480,38 @@ class Redlock:
                 "two Clients of this Redlock reach the same server: Redlock needs one "
                 "Client per independent master"
             )
-        if granted < self.majority:
+        if granted < majority:
             await self._undo_and_wait(name, value, replies)
-            if len(answers) < self.majority:
+            if len(answers) < majority:
                 errors = [r for r in replies if isinstance(r, BaseException)]
                 raise ConnectionFailedError(
                     f"Redlock {name!r}: only {len(answers)} of {n} masters answered; "
-                    f"a majority ({self.majority}) is needed"
+                    f"a majority ({majority}) is needed"
                 ) from (errors[0] if errors else None)
             busy = [int(r[1]) for r in answers if r[0] == 0]
             ttls = [t for t in busy if t > 0]
             hint = min(ttls) / 1000.0 if ttls else (lease_s if busy else _backoff(lease_s))
             return None, hint
-        # The token: above every counter read, never below a server clock.
-        token = 0
         roster: set[str] = set()
         for r in answers:
-            counter = _decode(r[2])
-            token = max(token, int(_decode(r[3])), int(counter) + 1 if counter else 0)
             roster.update(_decode(x) for x in r[5])
         if not roster and len(answers) == n:
             roster = {g.split(":", 1)[0] for g in gens}  # a new deployment: found the roster
+        if roster:
+            self._roster = tuple(sorted(roster))
+        codes = [r[6] if isinstance(r, list) else None for r in replies]
+        if sum(1 for c in codes if c == 1) >= majority:
+            if loop.time() >= start + validity:
+                await self._undo_and_wait(name, value, replies)
+                return None, _backoff(lease_s)
+            self._accepted(name, proposed, replies, codes)
+            return (proposed, start + validity), None
+        # The write-back round: a token above every counter read (and above
+        # the proposal, where it was accepted), never below a server clock.
+        token = proposed + 1 if 1 in codes else 0
+        for r in answers:
+            counter = _decode(r[2])
+            token = max(token, int(_decode(r[3])), int(counter) + 1 if counter else 0)
         founders = sorted(roster)
 
         def fence(master: _Master) -> Awaitable[Any]:
@@ -495,22 +533,30 @@ class Redlock:
         acks = await self._on_all(
             fence,
             max(min(left, MASTER_TIMEOUT), 0.0),
-            lambda rs: accepted(rs) >= self.majority,
+            lambda rs: accepted(rs) >= majority,
         )
-        if accepted(acks) >= self.majority and loop.time() < start + validity:
-            self._seed(name, token, replies, acks)
+        if accepted(acks) >= majority and loop.time() < start + validity:
+            self._accepted(
+                name, token, replies, [a[0] if isinstance(a, list) else None for a in acks]
+            )
             return (token, start + validity), None
         await self._undo_and_wait(name, value, replies)
         return None, _backoff(lease_s)
 
-    def _seed(self, name: str, token: int, replies: list[Any], acks: list[Any]) -> None:
-        """After a majority accepted ``token``: write it to the masters that
-        refused it as untrusted (back empty), in the background, so that they
-        vouch for this name from now on. Safe: the token is above every token
-        handed out before, and it is written only if the master's generation
-        is still the one the attempt read (see redlock_fence.lua)."""
-        for master, reply, ack in zip(self._masters, replies, acks, strict=True):
-            if not (isinstance(reply, list) and isinstance(ack, list) and ack[0] == -1):
+    def _accepted(self, name: str, token: int, replies: list[Any], codes: list[Any]) -> None:
+        """A majority accepted ``token``: remember it as the name's last, and
+        seed it, in the background, on the masters that refused it as
+        untrusted (back empty), so that they vouch for the name from now on.
+        Safe: the token is above every token handed out before, and it is
+        written only if the master's generation is still the one the attempt
+        read (see redlock_fence.lua)."""
+        last = self._last
+        last.pop(name, None)
+        last[name] = token
+        if len(last) > LAST_TOKENS:
+            del last[next(iter(last))]
+        for master, reply, code in zip(self._masters, replies, codes, strict=True):
+            if not (isinstance(reply, list) and code == -1):
                 continue
             seed_gen = _decode(reply[4]).split(":", 1)[0]
             keys = (master.fence_key(name), master.gen_key, master.roster_key)

@@ -224,44 +224,50 @@ async def test_waiter_wakes_on_release_not_by_polling(make_redlock: MakeRedlock)
 # -- fencing when the quorum changes ----------------------------------------------------------
 
 
+async def _processes(make_redlock: MakeRedlock, count: int) -> list[Redlock]:
+    """``count`` Redlocks (processes) that have seen the masters (they know the
+    roster, so they propose tokens) but none of the names the test uses: each
+    knows of a name's tokens only what the masters tell it."""
+    redlocks = [await make_redlock() for _ in range(count)]
+    for rl in redlocks:
+        await (await rl.lock("warm-up").acquire(timeout=10)).release()
+    return redlocks
+
+
 async def test_token_written_back_when_the_largest_counter_is_missing(
     make_redlock: MakeRedlock, masters: list[ServerProcess]
 ) -> None:
     a, _b, c = masters
-    rl = await make_redlock()
-    lock = rl.lock("wb")
-    await (await lock.acquire()).release()  # a new deployment: every master seen
+    p1, p2, p3 = await _processes(make_redlock, 3)
     # A's counter runs far ahead of the clocks (reservations, a skewed clock).
     ahead = _server_clock_us(a) + 10**12
     a.execute("HSET", _fence_key("wb"), "t", ahead)
     c.pause()
-    first = await lock.acquire(timeout=10)  # quorum {A, B}
+    first = await p1.lock("wb").acquire(timeout=10)  # quorum {A, B}
     assert first.fencing_token > ahead
     await first.release()
     c.resume()
     a.pause()
-    second = await lock.acquire(timeout=10)  # quorum {B, C}: A (the largest) missing
+    second = await p2.lock("wb").acquire(timeout=10)  # quorum {B, C}: A (the largest) missing
     # Without the write-back, B and C know only their clocks: far below `ahead`.
     assert second.fencing_token > first.fencing_token
     await second.release()
     a.resume()
-    third = await lock.acquire(timeout=10)
+    third = await p3.lock("wb").acquire(timeout=10)
     assert third.fencing_token > second.fencing_token
     await third.release()
-    await _nothing_held(masters, "wb", rl)
+    await _nothing_held(masters, "wb", p1, p2, p3)
 
 
 async def test_master_back_empty_is_not_trusted_for_lost_counters(
     make_redlock: MakeRedlock, masters: list[ServerProcess]
 ) -> None:
     a, b, c = masters
-    rl = await make_redlock()
-    lock = rl.lock("empty")
-    await (await lock.acquire()).release()  # founds the roster with A, B, C
+    p1, p2, p3, p4 = await _processes(make_redlock, 4)
     ahead = _server_clock_us(a) + 10**12
     a.execute("HSET", _fence_key("empty"), "t", ahead)
     c.pause()
-    first = await lock.acquire(timeout=10)  # written back to A and B only
+    first = await p1.lock("empty").acquire(timeout=10)  # accepted by A and B only
     assert first.fencing_token > ahead
     await first.release()
     c.resume()
@@ -269,11 +275,11 @@ async def test_master_back_empty_is_not_trusted_for_lost_counters(
     a.pause()  # the quorum left is {B, C}: neither knows the token any more
     # B's counter is absent and B's generation is new: it may not vouch for it.
     # Without the rule this would be granted with a clock token below `first`.
-    assert await lock.try_acquire(1.5) is None
-    await _nothing_held([b, c], "empty", rl)
+    assert await p2.lock("empty").try_acquire(1.5) is None
+    await _nothing_held([b, c], "empty", p2)
     assert b.execute("HGET", _fence_key("empty"), "t") is None
     a.resume()
-    second = await lock.acquire(timeout=10)  # A is back: it carries the token
+    second = await p2.lock("empty").acquire(timeout=10)  # A is back: it carries the token
     assert second.fencing_token > first.fencing_token
     await second.release()
     # A majority accepted that token: B, refusing it as untrusted, was seeded
@@ -283,11 +289,14 @@ async def test_master_back_empty_is_not_trusted_for_lost_counters(
         what="B seeded with the token",
     )
     a.pause()
-    third = await lock.acquire(timeout=10)
+    third = await p3.lock("empty").acquire(timeout=10)
     assert third.fencing_token > second.fencing_token
     await third.release()
     a.resume()
-    await _nothing_held(masters, "empty", rl)
+    fourth = await p4.lock("empty").acquire(timeout=10)
+    assert fourth.fencing_token > third.fencing_token
+    await fourth.release()
+    await _nothing_held(masters, "empty", p1, p2, p3, p4)
 
 
 # -- masters down -----------------------------------------------------------------------------

@@ -1,0 +1,62 @@
+-- Shared snippet (redlock_acquire, redlock_fence): a master's generation and
+-- its acceptance of a Redlock fencing token (see aiolock/_redlock.py: the
+-- write-back rule and its proof sketch).
+--
+-- server_clock_us() -> number    the server clock in microseconds
+-- generation(gen_key, new_id, clock) -> gen, id, created
+--   This master's generation "<id>:<created us>" (created now with new_id,
+--   without a TTL, if it has none: the master is new or came back empty).
+-- add_roster(roster_key, from)   adds ARGV[from..] (founding generation ids) to
+--   the roster if it is empty (a master back empty learns it again).
+-- fence_accept(fence_key, id, created, clock, token, retention_ms, trust_us, from)
+--   -> 1 accepted: t was present and below token, or absent with a trusted
+--        generation (in ARGV[from..], or at least trust_us old); t = token,
+--        the hash's TTL reset to retention_ms;
+--      0 refused: t >= token already;
+--     -1 refused: t absent and the generation untrusted (came back empty
+--        less than trust_us ago, after the roster was founded).
+local function server_clock_us()
+    local now = redis.call('TIME')
+    return tonumber(now[1]) * 1000000 + tonumber(now[2])
+end
+
+local function generation(gen_key, new_id, clock)
+    local gen = redis.call('GET', gen_key)
+    if not gen then
+        gen = new_id .. ':' .. string.format('%d', clock)
+        redis.call('SET', gen_key, gen)
+    end
+    local sep = string.find(gen, ':', 1, true)
+    return gen, string.sub(gen, 1, sep - 1), tonumber(string.sub(gen, sep + 1))
+end
+
+local function add_roster(roster_key, from)
+    if #ARGV >= from and redis.call('EXISTS', roster_key) == 0 then
+        redis.call('SADD', roster_key, unpack(ARGV, from))
+    end
+end
+
+local function fence_accept(fence_key, id, created, clock, token, retention_ms, trust_us, from)
+    local last = redis.call('HGET', fence_key, 't')
+    if last then
+        if tonumber(last) >= tonumber(token) then
+            return 0
+        end
+    else
+        local trusted = clock - created >= tonumber(trust_us)
+        if not trusted then
+            for i = from, #ARGV do
+                if ARGV[i] == id then
+                    trusted = true
+                    break
+                end
+            end
+        end
+        if not trusted then
+            return -1
+        end
+    end
+    redis.call('HSET', fence_key, 't', token)
+    redis.call('PEXPIRE', fence_key, retention_ms)
+    return 1
+end
