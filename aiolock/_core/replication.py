@@ -13,8 +13,10 @@ blocks every later command on its connection until it answers. Hence:
   meanwhile). The acquire scripts of one loop turn are written on it,
   followed by **one** ``WAIT N timeout_ms`` (group commit: a hundred
   concurrent acquisitions cost a handful of WAITs, not a hundred), or
-  ``WAITAOF 1 N timeout_ms`` with ``wait_aof`` (the master's own AOF fsync
-  too: it needs ``appendonly yes`` and Redis/Valkey 7.2+).
+  ``WAITAOF 1 N timeout_ms`` with ``wait_aof`` (the master fsynced the
+  write to its append-only file, and N replicas to theirs: it needs
+  ``appendonly yes`` on the master and on those replicas, and Redis/Valkey
+  7.2+).
 * Every script of a batch resolves when that WAIT answers. Acknowledged by
   at least N (and the AOF, with ``wait_aof``), or a reply that grants
   nothing (busy: ``granted``): the caller gets the script's reply. Fewer:
