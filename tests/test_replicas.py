@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from redis.asyncio.cluster import RedisCluster
+import redis
 
 from aiolock import (
     Client,
@@ -25,6 +25,7 @@ from aiolock import (
     UnsupportedServerError,
 )
 from aiolock._primitives.base import LockLike
+from tests.cluster_servers import ClusterProcess
 from tests.core_util import assert_clean, eventually
 from tests.replication_servers import ReplicatedPair
 from tests.servers import RedisServer
@@ -355,12 +356,40 @@ async def test_failover_with_replicas_never_double_grants(
         assert held.fencing_token > 0
 
 
-async def test_cluster_mode_is_refused_with_replicas() -> None:
-    """Cluster mode has no acknowledged lane per master yet: a clear error at
-    first use, before any connection (none is made to this unused port)."""
-    async with Client(RedisCluster(host="127.0.0.1", port=1), replicas=1) as client:
-        with pytest.raises(UnsupportedServerError, match="not supported in Redis Cluster"):
-            await client.lock("a").acquire()
+@pytest.mark.parametrize("cluster", ["redis"], indirect=True)
+async def test_cluster_acknowledged_per_master(cluster: ClusterProcess) -> None:
+    """Cluster mode: one acknowledged connection per master. Locks over every
+    master are on their master's replica when acquired, renewed with a WAIT;
+    asking for 2 replicas (each master has 1) refuses and undoes."""
+    names = [f"c{i}" for i in range(12)]
+    async with Client.from_url(cluster.url, replicas=1, replica_timeout=RT) as client:
+        leases = await asyncio.gather(*(client.lock(n).acquire() for n in names))
+        for name in names:
+            key = f"aiolock:{{{name}}}"
+            replica = cluster.replica_of(cluster.master_for_slot(cluster.slot_of(key)))
+            with redis.Redis(
+                host=replica.host, port=replica.port, single_connection_client=True
+            ) as conn:
+                conn.execute_command("READONLY")
+                assert conn.exists(key) == 1, name
+        assert len({cluster.master_for_slot(cluster.slot_of(f"{{{n}}}")).port for n in names}) > 1
+        assert await client._engine.watchdog.renew_all() is True
+        await asyncio.gather(*(lease.release() for lease in leases))
+        # A multi-lock over two masters: one acknowledged script per slot.
+        async with client.multi_lock(*(client.lock(n) for n in names[:4])):
+            pass
+    async with (
+        Client.from_url(cluster.url, replicas=2, replica_timeout=RT) as client,
+        Client.from_url(cluster.url) as plain,
+    ):
+        with pytest.raises(ReplicationError) as caught:
+            await client.lock("c0").acquire()
+        assert (caught.value.acknowledged, caught.value.required) == (1, 2)
+
+        async def undone() -> bool:
+            return not await plain.lock("c0").is_locked()
+
+        await eventually(undone, what="the undo")
 
 
 async def test_unacknowledged_extension_keeps_the_expiry(replicated_pair: ReplicatedPair) -> None:
@@ -403,7 +432,9 @@ async def test_wait_aof_with_appendonly(replicated_pair: ReplicatedPair) -> None
 
     try:
         await eventually(aof_on, what="the append-only files on")
-        async with client_for(pair, wait_aof=True) as client:
+        # A replica reports its fsynced offset with its acknowledgements, the
+        # one after the fsync often only in the next second: so 1.2 s, not RT.
+        async with client_for(pair, wait_aof=True, replica_timeout=1.2) as client:
             before = pair.wait_calls()
             async with client.lock("a"):
                 assert pair.replica.execute("EXISTS", "aiolock:{a}") == 1

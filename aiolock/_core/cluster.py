@@ -290,8 +290,12 @@ class ClusterMux:
         scripts: Callable[[], dict[bytes, bytes]],
         on_connect: Callable[[], Iterable[tuple[Any, ...]]] = tuple,
         on_reset: Callable[[], None] | None = None,
+        node_connection: Callable[..., CommandConnection] | None = None,
     ) -> None:
+        # node_connection(factory, **CommandConnection's options): how a node's
+        # connection is made (replication.py's acknowledged ones); default plain.
         self.topology = topology
+        self._node_connection = node_connection or CommandConnection
         self._command_timeout = command_timeout
         self._scripts = scripts  # sha -> source, for NOSCRIPT
         self._on_connect = on_connect
@@ -311,7 +315,7 @@ class ClusterMux:
         """The command connection to node ``name`` (made on first use)."""
         conn = self._connections.get(name)
         if conn is None:
-            conn = self._connections[name] = CommandConnection(
+            conn = self._connections[name] = self._node_connection(
                 self.topology.factory(name),
                 command_timeout=self._command_timeout,
                 on_connect=self._on_connect,

@@ -35,6 +35,7 @@ import logging
 import math
 import secrets
 from collections.abc import Callable, Coroutine, Hashable
+from functools import partial
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -60,7 +61,7 @@ from .notify import ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
 from .options import ClientStatistics, Notify, Options
 from .owner import task_serial
 from .redis_compat import ConnectionFactory, connection_factory
-from .replication import AckedLane, Acknowledgement
+from .replication import AckedConnection, Acknowledgement, Unacknowledged
 from .scripts import Script, load_scripts
 from .undo import Call, OnReply, Undo
 from .validate import to_ms
@@ -84,6 +85,14 @@ _WRONG_LOOP = (
     "Client inside the loop that uses it (in a function-scoped fixture, or in your main "
     "coroutine): one Client per event loop"
 )
+
+
+def acked_node(
+    ack: Acknowledgement, name_factory: ConnectionFactory, *, renewals: bool, **options: Any
+) -> CommandConnection:
+    """A cluster lane's connection to one master, acknowledged (``ClusterMux``'s
+    ``node_connection``)."""
+    return AckedConnection(name_factory, ack=ack, renewals=renewals, **options)
 
 
 def _no_connection() -> Any:
@@ -187,28 +196,11 @@ class Engine:
         )
         # The watchdog's own lane: renewals never queue behind a burst of
         # acquires and releases on the main connection (connected on first use).
-        # With replicas acknowledging, each renewal call is followed by a WAIT
-        # there, which answers within replica_timeout: allowed on top.
-        self.renew_mux: Lane = CommandConnection(
-            self._new_connection,
-            command_timeout=self.command_timeout
-            + (self.replica_timeout if self.ack is not None else 0.0),
-            on_connect=self._preload,
-            on_reset=self._verifier.connection_reset,
-        )
+        # With replicas acknowledging, each round of renewals is followed by a
+        # WAIT there (replication.py).
+        self.renew_mux: Lane = self._lane(renewals=True)
         #: The acknowledged acquisitions' own lane (replication.py), with ``ack``.
-        self.acked_lane: AckedLane | None = (
-            AckedLane(
-                self._new_connection,
-                self.ack,
-                command_timeout=self.command_timeout,
-                replica_timeout=self.replica_timeout,
-                on_connect=self._preload,
-                on_reset=self._verifier.connection_reset,
-            )
-            if self.ack is not None
-            else None
-        )
+        self.acked_lane: Lane | None = self._lane(renewals=False) if self.ack is not None else None
         self.listener: Listener | ShardedListener = Listener(
             self._new_connection, on_reset=self._verifier.connection_reset
         )
@@ -227,6 +219,24 @@ class Engine:
         self.peek_state: Callable[[str], Any] = self.states.get
         self.lease_ms = to_ms(self.lease)
         self.retention_ms = to_ms(FENCE_RETENTION)
+
+    def _lane(self, *, renewals: bool) -> Lane:
+        """A standalone lane: acknowledged (``AckedConnection``) with ``ack``."""
+        if self.ack is None:
+            return CommandConnection(
+                self._new_connection,
+                command_timeout=self.command_timeout,
+                on_connect=self._preload,
+                on_reset=self._verifier.connection_reset,
+            )
+        return AckedConnection(
+            self._new_connection,
+            ack=self.ack,
+            renewals=renewals,
+            command_timeout=self.command_timeout,
+            on_connect=self._preload,
+            on_reset=self._verifier.connection_reset,
+        )
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -493,13 +503,6 @@ class Engine:
         master for commands and one for renewals, sharded pub/sub, the
         cluster variant of every script."""
         assert self._cluster_client is not None
-        if self.ack is not None:
-            raise UnsupportedServerError(
-                "replicas=N and wait_aof=True are not supported in Redis Cluster mode yet "
-                "(aiolock would need an acknowledged connection per master): use "
-                "replicas=0 and wait_aof=False with a cluster, or a standalone or Sentinel "
-                "master"
-            )
         topology = Topology(self._cluster_client, self._client_name, self.command_timeout)
         try:
             await topology.refresh()
@@ -525,13 +528,30 @@ class Engine:
         self.topology = topology
         self.watchdog.shard_by(slot_of, topology.node)
         self.mux = mux
+        ack = self.ack
         self.renew_mux = ClusterMux(
             topology,
             command_timeout=self.command_timeout,
             scripts=lambda: sources,
             on_connect=self._preload,
             on_reset=reset,
+            node_connection=None if ack is None else partial(acked_node, ack, renewals=True),
         )
+        if ack is not None:
+            # One acknowledged connection per master for the acquisitions.
+            old_acked, self.acked_lane = (
+                self.acked_lane,
+                ClusterMux(
+                    topology,
+                    command_timeout=self.command_timeout,
+                    scripts=lambda: sources,
+                    on_connect=self._preload,
+                    on_reset=reset,
+                    node_connection=partial(acked_node, ack, renewals=False),
+                ),
+            )
+            if old_acked is not None:
+                await old_acked.aclose()
         listener = ShardedListener(topology, on_reset=reset)
 
         def changed() -> None:
@@ -635,21 +655,25 @@ class Engine:
 
     async def _eval_acked(
         self,
-        lane: AckedLane,
+        lane: Lane,
         script: Script,
         keys: tuple[Any, ...],
         args: tuple[Any, ...],
         orphan: Orphan,
     ) -> Any:
         command = (b"EVALSHA", script.sha, len(keys), *keys, *args)
-        try:
-            return await lane.acked(*command, orphan=orphan)
-        except NoScriptError:
-            await lane.call(b"SCRIPT", b"LOAD", script.source)
+        for reloaded in (False, True):
             try:
-                return await lane.acked(*command, orphan=orphan)
-            except NoScriptError as exc:
-                raise from_redis(exc) from exc
+                return await lane.call(*command, orphan=orphan)
+            except Unacknowledged as exc:
+                # Granted but not acknowledged: undo exactly what it took.
+                orphan(exc.reply, None)
+                raise exc.error from exc.error.__cause__
+            except NoScriptError as exc:  # (standalone: a cluster lane reloads by itself)
+                if reloaded:
+                    raise from_redis(exc) from exc
+                await lane.call(b"SCRIPT", b"LOAD", script.source)
+        raise AssertionError("unreachable")
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)

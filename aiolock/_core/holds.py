@@ -20,8 +20,8 @@ from .connection import Lane, Orphan
 from .errors import LockNotOwnedError
 from .futures import Outcome
 from .lease import Hold, HoldEngine, Lease, LostCallback, call_lost_callback
-from .replication import Acknowledgement, acked_renewal
-from .scripts import Script, refused
+from .replication import Acknowledgement
+from .scripts import refused
 from .spread import renew_spread
 from .validate import to_ms
 from .watchdog import Watchdog
@@ -51,9 +51,6 @@ class HoldOwner(HoldEngine, Protocol):
 
     @property
     def ack(self) -> Acknowledgement | None: ...
-
-    @property
-    def scripts(self) -> dict[str, Script]: ...
 
     @property
     def topology(self) -> Topology | None: ...
@@ -277,22 +274,11 @@ class Holds:
             args: list[Any] = [ms]
             for item in items:
                 args.extend(item.renew_args)
-            ack = engine.ack
-            if ack is None:
-                fut = asyncio.ensure_future(
-                    engine.eval(script, keys, tuple(args), mux=engine.renew_mux)
-                )
-            else:
-                # Followed by a WAIT: an unacknowledged renewal extends nothing.
-                code = engine.scripts[script]
-                fut = asyncio.ensure_future(
-                    acked_renewal(
-                        engine.renew_mux,
-                        ack,
-                        (b"EVALSHA", code.sha, len(keys), *keys, *args),
-                        (b"SCRIPT", b"LOAD", code.source),
-                    )
-                )
+            # (With replicas acknowledging, the renewal lane follows the call
+            # with a WAIT: an unacknowledged renewal extends nothing.)
+            fut = asyncio.ensure_future(
+                engine.eval(script, keys, tuple(args), mux=engine.renew_mux)
+            )
 
         def confirm(fut: asyncio.Future[Any]) -> None:
             if fut.cancelled() or fut.exception() is not None or engine.epoch != epoch:

@@ -8,23 +8,27 @@ ran the acquire script; it cannot run inside a script (Redis 7.0 refuses it;
 Valkey 8 accepts it there but it returns at once and proves nothing); and it
 blocks every later command on its connection until it answers. Hence:
 
-* ``AckedLane``: one ``CommandConnection`` per master, used by acquisitions
-  only (the main lane keeps serving releases, queries and renewals
-  meanwhile). The acquire scripts of one loop turn are written on it,
-  followed by **one** ``WAIT N timeout_ms`` (group commit: a hundred
-  concurrent acquisitions cost a handful of WAITs, not a hundred), or
-  ``WAITAOF 1 N timeout_ms`` with ``wait_aof`` (the master fsynced the
-  write to its append-only file, and N replicas to theirs: it needs
-  ``appendonly yes`` on the master and on those replicas, and Redis/Valkey
-  7.2+).
+* ``AckedConnection``: the acquisitions' own connection to each master
+  (``Engine.acked_lane``: one standalone, a ``ClusterMux`` of them in
+  cluster mode), used by acquisitions only (the main lane keeps serving
+  releases, queries and renewals meanwhile). The acquire scripts of one
+  loop turn are written on it, followed by **one** ``WAIT N timeout_ms``
+  (group commit: a hundred concurrent acquisitions cost a handful of
+  WAITs, not a hundred), or ``WAITAOF 1 N timeout_ms`` with ``wait_aof``
+  (the master fsynced the write to its append-only file, and N replicas to
+  theirs: it needs ``appendonly yes`` on the master and on those replicas,
+  and Redis/Valkey 7.2+; a replica often reports its fsync only with its
+  next once-a-second acknowledgement, so give it a ``replica_timeout`` over
+  one second).
 * Every script of a batch resolves when that WAIT answers. Acknowledged by
   at least N (and the AOF, with ``wait_aof``), or a reply that grants
   nothing (busy: ``granted``): the caller gets the script's reply. Fewer:
-  the acquisition is undone (the caller's ``orphan``, an ``Undo``, is
-  called with the script's reply, so it releases exactly what the script
-  took) and the caller gets ``ReplicationError(acknowledged, required)`` at
-  once. The WAIT failed (connection lost, no reply within the command
-  timeout, WAITAOF refused): undone too, and the caller gets that error.
+  the acquisition is undone (``Engine.eval`` calls the caller's ``orphan``,
+  an ``Undo``, with the script's reply, so it releases exactly what the
+  script took) and the caller gets ``ReplicationError(acknowledged,
+  required)`` at once. The WAIT failed (connection lost, no reply within
+  the command timeout, WAITAOF refused): undone too, and the caller gets
+  that error.
 * A caller cancelled while its script or its WAIT is in flight: the batch
   goes on, and the acquisition is undone when the reply comes (the orphan,
   whatever the WAIT said: its caller will not take it).
@@ -40,23 +44,24 @@ unavailable for at most one lease, never granted twice. Only a write that
 *grants* (an acquisition, a handoff to a new owner, a renewal that extends a
 confirmed lifetime) must be acknowledged.
 
-**Renewals** (``acked_renewal``): the watchdog's renewal call is followed by
-a WAIT on its own lane; a renewal that is not acknowledged reports an error
-for every item it found alive, so the hold's confirmed expiry
-(``Hold.expires_at``) is not extended: a hold whose renewals stay
+**Renewals**: with acknowledgement on, the watchdog's lane is made of
+``AckedConnection``s too (``renewals=True``): each round's renewal calls are
+followed by a WAIT, and a renewal that is not acknowledged reports the
+ReplicationError for every item it found alive, so the hold's confirmed
+expiry (``Hold.expires_at``) is not extended: a hold whose renewals stay
 unacknowledged is lost at its last acknowledged expiry (the watchdog retries
-until then).
+until then). ``Lease.extend`` runs on the acquisitions' lane: acknowledged,
+or ReplicationError and the expiry kept.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from redis.exceptions import NoScriptError
-
-from .connection import CommandConnection, Lane, Orphan
+from .connection import CommandConnection, Orphan
 from .errors import (
     AiolockError,
     ReplicationError,
@@ -66,17 +71,20 @@ from .errors import (
 from .redis_compat import ConnectionFactory
 from .validate import to_ms
 
-__all__ = ["AckedLane", "Acknowledgement", "acked_renewal"]
+log = logging.getLogger("aiolock")
+
+__all__ = ["AckedConnection", "Acknowledgement", "Unacknowledged", "granted"]
 
 
 class Acknowledgement:
     """What "acknowledged" means for one Client: the WAIT (or WAITAOF) command
     to send after a batch of writes, and how to read its reply."""
 
-    __slots__ = ("command", "replicas", "wait_aof")
+    __slots__ = ("command", "replicas", "timeout", "wait_aof")
 
     def __init__(self, replicas: int, timeout: float, wait_aof: bool) -> None:
         self.replicas = replicas
+        self.timeout = timeout
         self.wait_aof = wait_aof
         ms = max(1, to_ms(timeout))  # never 0: WAIT 0 blocks for ever
         self.command: tuple[Any, ...] = (
@@ -133,138 +141,133 @@ class Acknowledgement:
         return clear
 
 
-class _Entry:
-    """One acquire script of a batch: its caller's future and its reply."""
+class Unacknowledged(Exception):
+    """An acquire script granted, and its WAIT did not acknowledge it (an
+    internal signal, never seen by users): ``reply`` says what to undo (the
+    caller's orphan), ``error`` is what to raise (``Engine.eval``)."""
 
-    __slots__ = ("error", "fut", "orphan", "reply", "settled")
-
-    def __init__(self, fut: asyncio.Future[Any], orphan: Orphan | None) -> None:
-        self.fut = fut
-        self.orphan = orphan
-        self.reply: Any = None
-        self.error: BaseException | None = None
-        # True once the orphan ran or the caller was given the outcome for good.
-        self.settled = False
-
-    def got(self, reply: Any, error: BaseException | None) -> None:
-        self.reply, self.error = reply, error
+    def __init__(self, reply: Any, error: AiolockError) -> None:
+        super().__init__(str(error))
+        self.reply = reply
+        self.error = error
 
 
-class AckedLane:
-    """The acknowledged acquisitions of one master (see the module docstring).
+class AckedConnection(CommandConnection):
+    """A command connection whose scripts (``EVALSHA``) are acknowledged.
 
-    ``call`` sends a plain command (``SCRIPT LOAD`` after a NOSCRIPT: not
-    acknowledged, it grants nothing); ``acked`` sends an acquire script, which
-    resolves only once the batch's WAIT answered.
+    The scripts sent in one loop turn are followed by one WAIT (or WAITAOF);
+    each script's reply is delivered (``send``'s callback, ``submit``'s
+    future) only once that WAIT answered, as:
+
+    * acquisitions (``renewals=False``): the reply if acknowledged or if it
+      grants nothing (``granted``), else the error ``Unacknowledged(reply,
+      ReplicationError)`` (or the WAIT's own failure, made clear), for the
+      caller to undo what it took (``Engine.eval``);
+    * renewals (``renewals=True``): the reply, with the ReplicationError in
+      place of each 1 (alive) if not acknowledged: that item's confirmed
+      expiry is not extended.
+
+    Any other command (``SCRIPT LOAD``, ``ASKING``, ``INFO``) is sent plainly.
+    The liveness bound is ``command_timeout + replica_timeout`` (a WAIT
+    answers within ``replica_timeout``). In cluster mode a ``ClusterMux`` has
+    one per master (``node_connection``); a redirected script is followed by
+    the WAIT of the node it finally ran on.
     """
 
     def __init__(
         self,
         factory: ConnectionFactory,
-        ack: Acknowledgement,
         *,
+        ack: Acknowledgement,
+        renewals: bool,
         command_timeout: float,
-        replica_timeout: float,
         on_connect: Callable[[], Iterable[tuple[Any, ...]]] = tuple,
         on_reset: Callable[[], None] | None = None,
+        redirects: bool = False,
     ) -> None:
-        self.ack = ack
-        self.conn = CommandConnection(
+        super().__init__(
             factory,
-            command_timeout=command_timeout + replica_timeout,
+            command_timeout=command_timeout + ack.timeout,
             on_connect=on_connect,
             on_reset=on_reset,
+            redirects=redirects,
         )
-        self._batch: list[_Entry] | None = None
+        self.ack = ack
+        self.renewals = renewals
+        self._batch: list[tuple[list[Any], Orphan]] | None = None
         #: WAITs sent (one per batch).
         self.waits = 0
 
-    @property
-    def connects(self) -> int:
-        return self.conn.connects
+    def send(self, *args: Any, callback: Orphan) -> None:
+        if args[0] != b"EVALSHA":
+            super().send(*args, callback=callback)
+            return
+        got: list[Any] = [None, None]  # the script's reply, its error
 
-    @property
-    def in_flight(self) -> int:
-        return self.conn.in_flight
+        def keep(reply: Any, error: BaseException | None) -> None:
+            got[0], got[1] = reply, error
 
-    async def call(self, *args: Any, orphan: Orphan | None = None) -> Any:
-        return await self.conn.call(*args, orphan=orphan)
-
-    async def acked(self, *args: Any, orphan: Orphan | None = None) -> Any:
-        """Send an acquire script now; return its reply once the batch's WAIT
-        acknowledged it. Not acknowledged: undone (``orphan(reply, None)``) and
-        ReplicationError. Cancelled: undone when the replies come (the orphan)."""
-        loop = asyncio.get_running_loop()
-        entry = _Entry(loop.create_future(), orphan)
-        self.conn.send(*args, callback=entry.got)
+        super().send(*args, callback=keep)
         batch = self._batch
         if batch is None:
             batch = self._batch = []
-            loop.call_soon(self._flush)
-        batch.append(entry)
-        try:
-            return await entry.fut
-        except asyncio.CancelledError:
-            # The outcome may have been set in the same loop turn as the
-            # cancellation: a granted acquisition nobody will take is undone.
-            if not entry.settled and orphan is not None:
-                fut = entry.fut
-                if fut.done() and not fut.cancelled() and fut.exception() is None:
-                    entry.settled = True
-                    orphan(fut.result(), None)
-            raise
+            asyncio.get_running_loop().call_soon(self._flush)
+        batch.append((got, callback))
+
+    def submit(self, *args: Any, orphan: Orphan | None = None) -> asyncio.Future[Any]:
+        if args[0] != b"EVALSHA":
+            return super().submit(*args, orphan=orphan)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def done(reply: Any, error: BaseException | None) -> None:
+            if fut.cancelled():
+                if orphan is not None:
+                    orphan(reply, error)
+            elif error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(reply)
+
+        self.send(*args, callback=done)
+        return fut
 
     def _flush(self) -> None:
         batch, self._batch = self._batch, None
         if not batch:
             return
         self.waits += 1
-        ack = self.ack
+        ack, renewals = self.ack, self.renewals
 
         def answered(reply: Any, error: BaseException | None) -> None:
-            failure = ack.check(reply, error, "the acquisition")
-            for entry in batch:
-                _resolve(entry, failure)
+            failure = ack.check(reply, error, "the renewal" if renewals else "the acquisition")
+            for (script_reply, script_error), callback in batch:
+                try:
+                    callback(*_outcome(script_reply, script_error, failure, renewals))
+                except Exception:
+                    log.exception("aiolock: reply handler of an acknowledged script failed")
 
-        self.conn.send(*ack.command, callback=answered)
-
-    async def drain(self, seconds: float) -> None:
-        await self.conn.drain(seconds)
+        CommandConnection.send(self, *ack.command, callback=answered)
 
     async def aclose(self) -> None:
         self._flush()
-        await self.conn.aclose()
+        await super().aclose()
 
 
-def _resolve(entry: _Entry, failure: AiolockError | None) -> None:
-    """Settle one acquire script of a batch once its WAIT answered (``failure``:
-    None if acknowledged). Runs from the reply's parse: it must not raise."""
-    fut, orphan = entry.fut, entry.orphan
-    if entry.error is not None:
-        # The script failed: it changed nothing (a refusal), or it is unknown
-        # whether it ran (the connection was lost): the orphan knows which.
-        if fut.cancelled() or fut.done():
-            if orphan is not None and not entry.settled:
-                entry.settled = True
-                orphan(None, entry.error)
-        else:
-            fut.set_exception(entry.error)
-        return
-    if fut.cancelled() or fut.done():
-        if orphan is not None and not entry.settled:
-            entry.settled = True
-            orphan(entry.reply, None)  # nobody takes it: undo what it took
-        return
-    if failure is None or not granted(entry.reply):
-        # Acknowledged, or nothing was granted (busy: the caller waits on, and
-        # its next try is acknowledged or refused in turn).
-        fut.set_result(entry.reply)
-        return
-    # Not acknowledged: undo exactly what the script took, then tell the caller.
-    entry.settled = True
-    if orphan is not None:
-        orphan(entry.reply, None)
-    fut.set_exception(_own(failure))
+def _outcome(
+    reply: Any, error: BaseException | None, failure: AiolockError | None, renewals: bool
+) -> tuple[Any, BaseException | None]:
+    """What one script of a batch delivers once its WAIT answered (``failure``:
+    None if acknowledged; see ``AckedConnection``)."""
+    if error is not None or failure is None:
+        return reply, error  # failed (it changed nothing, or unknown: the orphan's
+        # business), or acknowledged
+    if renewals:
+        return [_own(failure) if alive == 1 else alive for alive in reply], None
+    if not granted(reply):
+        # Nothing granted (busy): the caller waits on, and its next try is
+        # acknowledged or refused in turn.
+        return reply, None
+    return None, Unacknowledged(reply, _own(failure))
 
 
 def granted(reply: Any) -> bool:
@@ -291,45 +294,3 @@ def _own(error: AiolockError) -> AiolockError:
             return error
     copy.__cause__ = error.__cause__
     return copy
-
-
-async def acked_renewal(
-    lane: Lane, ack: Acknowledgement, evalsha: tuple[Any, ...], reload: tuple[Any, ...]
-) -> list[Any]:
-    """One renewal call on the watchdog's lane, followed by a WAIT on that lane.
-
-    Returns the script's per-item results, except that if fewer replicas than
-    required acknowledged, every item the script found alive gets the
-    ReplicationError instead of 1: its confirmed expiry is not extended (the
-    watchdog retries until it, then the hold is lost). ``reload``: the
-    ``SCRIPT LOAD`` to send on NOSCRIPT.
-    """
-    script = lane.submit(*evalsha)
-    wait = lane.submit(*ack.command)
-    try:
-        reply = await script
-    except NoScriptError:
-        await _settle(wait)
-        await lane.call(*reload)
-        script = lane.submit(*evalsha)
-        wait = lane.submit(*ack.command)
-        reply = await script
-    except BaseException:
-        wait.cancel()
-        raise
-    try:
-        answer: Any = await wait
-        error: BaseException | None = None
-    except AiolockError as exc:
-        answer, error = None, exc
-    failure = ack.check(answer, error, "the renewal")
-    if failure is None:
-        return list(reply)
-    return [_own(failure) if alive == 1 else alive for alive in reply]
-
-
-async def _settle(fut: asyncio.Future[Any]) -> None:
-    try:
-        await fut
-    except AiolockError:
-        pass
