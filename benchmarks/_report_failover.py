@@ -160,6 +160,11 @@ def _targets(s: dict[str, Any], loops: list[str]) -> list[dict[str, Any]]:
                 out.append(_t("Redlock, 3 masters: handoff p50 (release -> next holder) / the best peer's", loop, x,
                               1.0, "<", f"{x:.3f}x ({a['p50']:.0f} vs {best} {peers[best]['p50']:.0f} µs)",
                               "event-driven wake-up against polling"))  # fmt: skip
+                best = max(peers, key=lambda p: peers[p]["acquisitions"])
+                x = _div(a["acquisitions"], peers[best]["acquisitions"])
+                out.append(_t("Redlock, 3 masters, contended: acquisitions in the same window / the best peer's", loop, x,
+                              1.0, ">=", f"{x:.2f}x ({a['acquisitions']} vs {best} {peers[best]['acquisitions']})",
+                              f"tasks still waiting at the end: {a.get('cancelled', 0)}"))  # fmt: skip
     rows = s["loss"].get("rows", {})
     loop = s["loss"].get("loop", loops[0] if loops else "?")
     for setting in ("replicas=0", "replicas=1"):
