@@ -61,7 +61,7 @@ from .notify import ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
 from .options import ClientStatistics, Notify, Options
 from .owner import task_serial
 from .redis_compat import ConnectionFactory, connection_factory
-from .replication import AckedConnection, Acknowledgement, Unacknowledged
+from .replication import AckedConnection, Acknowledgement, Unacknowledged, acked_node
 from .scripts import Script, load_scripts
 from .undo import Call, OnReply, Undo
 from .validate import to_ms
@@ -85,14 +85,6 @@ _WRONG_LOOP = (
     "Client inside the loop that uses it (in a function-scoped fixture, or in your main "
     "coroutine): one Client per event loop"
 )
-
-
-def acked_node(
-    ack: Acknowledgement, name_factory: ConnectionFactory, *, renewals: bool, **options: Any
-) -> CommandConnection:
-    """A cluster lane's connection to one master, acknowledged (``ClusterMux``'s
-    ``node_connection``)."""
-    return AckedConnection(name_factory, ack=ack, renewals=renewals, **options)
 
 
 def _no_connection() -> Any:

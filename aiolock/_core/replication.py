@@ -73,7 +73,7 @@ from .validate import to_ms
 
 log = logging.getLogger("aiolock")
 
-__all__ = ["AckedConnection", "Acknowledgement", "Unacknowledged", "granted"]
+__all__ = ["AckedConnection", "Acknowledgement", "Unacknowledged", "acked_node", "granted"]
 
 
 class Acknowledgement:
@@ -251,6 +251,14 @@ class AckedConnection(CommandConnection):
     async def aclose(self) -> None:
         self._flush()
         await super().aclose()
+
+
+def acked_node(
+    ack: Acknowledgement, factory: ConnectionFactory, *, renewals: bool, **options: Any
+) -> CommandConnection:
+    """A cluster lane's acknowledged connection to one master (``ClusterMux``'s
+    ``node_connection``, with ``ack`` and ``renewals`` bound)."""
+    return AckedConnection(factory, ack=ack, renewals=renewals, **options)
 
 
 def _outcome(
