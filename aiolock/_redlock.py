@@ -7,33 +7,47 @@ below ``cli``.
 
 The algorithm (Redis' Redlock, with a fencing write-back)
 ---------------------------------------------------------
-An **attempt** sends ``redlock_acquire.lua`` to every master at once: set the
+An **attempt** sends ``redlock_acquire.lua`` to every master at once (one
+round, no task per master: each reply is taken from its parse): set the
 lock key to a value unique to the attempt (``<owner>|<random>``) with the
 lease as TTL, and read the name's fence counter, the server clock, the
-master's *generation* and its *roster* (below). It succeeds when
+master's *generation* and its *roster* (below). The attempt also *proposes*
+a token (above the last one this Redlock saw for the name, 0.5 s ahead of
+its clock), which each master that granted the lock accepts or refuses by
+the rule below, in the same script. It succeeds when
 
 1. a majority granted the key,
-2. the chosen token was written back to a majority (``redlock_fence.lua``),
+2. a majority accepted the token: the proposal in the same round (the usual
+   case, one round trip), or else a token chosen from what was read,
+   ``max(counter + 1, server clock in us)`` over every reply, in a second
+   round (``redlock_fence.lua``, the write-back),
 3. all within the validity ``lease - elapsed - drift * lease - 2 ms``.
 
-The token chosen is ``max(counter + 1, server clock in us)`` over every reply.
 A failed attempt releases its value on **every** master (by value, so also
-where its reply was lost; idempotent) before the task waits or retries. A
-waiter parks on the name's channel on every master (each Client's one
-listener): any release or undo publishes there, and every wait is bounded by
-the holder's TTL, as everywhere in aiolock. Holds without ``lease=`` are
-renewed on every master every ``lease / 3`` by one task per Redlock; a round
-that renews a majority moves the validity on; when a majority can no longer
-be renewed before the validity ends, the lease is lost.
+where its reply was lost or late; idempotent) before the task waits or
+retries; an attempt cancelled anywhere is undone the same way, in the
+background. A waiter parks on the name's channel on every master (each
+Client's one listener, pub/sub whatever the Client's notify mode): any
+release or undo publishes there, and every wait is bounded by the holder's
+TTL, as everywhere in aiolock. Holds without ``lease=`` are renewed on every
+master every ``lease / 3`` by one task per Redlock; a round that renews a
+majority moves the validity on; when a majority can no longer be renewed
+before the validity ends, or the key is found gone on a majority, the lease
+is lost.
 
 Fencing: the write-back rule
 ----------------------------
 The largest counter of the quorum is not enough: the master that held it may
 be missing from the next quorum. So a token is handed out only after a
-majority *accepted* it in ``redlock_fence.lua``. A master accepts ``T`` when
+majority *accepted* it (``fence_accept`` in ``_redlock_fence.lua``, run by
+both scripts). A master accepts ``T`` when
 
 * its counter ``t`` is present and ``t < T`` (then it records ``t = T``); or
 * its counter is absent and its generation is *trusted*.
+
+(A proposal below the master's clock is refused too, and a write-back token
+is at least every clock read: tokens stay above the server clocks, the floor
+for a counter that expired, as with one server.)
 
 Each master keeps a generation marker (``<prefix>:redlock:gen``: a random id
 and its creation time on the server's clock, no TTL), created by the first
@@ -41,30 +55,37 @@ script that runs there: a master that came back empty has a new, young one.
 The roster (``<prefix>:redlock:roster``, no TTL) holds the *founding*
 generations: a Redlock whose attempt read no roster on *all* N masters
 founds it with the N generations it read (a new deployment), and every
-write-back adds the roster the attempt knows to the masters it writes to. A
+later attempt passes the roster it knows, added to a master that has none. A
 generation is trusted if it is in the roster the attempt passes, or at least
 ``FENCE_RETENTION`` (24 h, the counters' retention) old. A young generation
 not in the roster is a master that came back empty: its absent counters may
 be lost ones, so it accepts no token for them (its present counters, written
-since, are fine) until 24 h have passed. Safety over liveness: with one
-master down and another back empty, names it has not seen since cannot be
-acquired (the attempt fails, and is retried until the caller's timeout).
+since, are fine) until 24 h have passed. Once a majority accepted a token,
+a master that refused it as untrusted is *seeded* with it (in the
+background, and only if its generation is still the one the attempt read:
+it did not come back empty again meanwhile), so it vouches for that name
+from then on. Safety over liveness: with one master down and another back
+empty, a name the latter has not been seeded with since cannot be acquired
+(the attempt fails, and is retried until the caller's timeout).
 
 Proof sketch. Let B hand out ``T_B`` after the majority ``V_B`` accepted it,
-and let A's write-back begin after that and succeed with the majority
-``V_A``. Some master ``m`` is in both. If ``m`` kept its data, its counter is
-at least ``T_B`` when A's write-back runs there, so accepting ``T_A`` means
-``T_A > T_B``. If ``m`` lost its data since, its generation is younger than
-B's write-back; its absent counter is accepted only if that generation is 24
-h old (B's counter had then expired everywhere: the clock floor remains, as
-for one server) or founding, and a founding after B's write-back needs every
-master without a roster, i.e. every master of ``V_B`` (a majority) emptied.
-A counter present on ``m`` since was created by an accepted write-back, so
-the same holds by induction. So: tokens increase strictly in the order of
-hand-out, whatever the quorums, unless a majority of masters lose their data
-within 24 h (then only the clock floor orders them), or a counter expires
-after 24 h unused. Mutual exclusion itself still rests on timing (bounded
-pauses, drift, delays), as in every lease-based lock: see the README.
+and let A's acceptances (its proposal or its write-back) begin after that
+and succeed on the majority ``V_A``. Some master ``m`` is in both. If ``m``
+kept its data, its counter is at least ``T_B`` when A's token reaches it, so
+accepting ``T_A`` means ``T_A > T_B``. If ``m`` lost its data since, its
+generation is younger than B's acceptance there; its absent counter is
+accepted only if that generation is 24 h old (B's counter had then expired
+everywhere: the clock floor remains, as for one server) or founding, and a
+founding after B's hand-out needs every master without a roster, i.e. every
+master of ``V_B`` (a majority) emptied. A counter present on ``m`` since was
+created by an acceptance under the same rule, or by a seed of a token a
+majority accepted after ``m``'s restart (the generation check), so the same
+holds by induction. Hence tokens increase strictly in the order of hand-out
+(no timing assumption needed), whatever the quorums, unless a majority of
+masters lose their data within 24 h (then only the clock floor orders them)
+or a counter expires after 24 h unused. Mutual exclusion itself still rests
+on timing (bounded pauses, clock drift, delays), as in every lease-based
+lock; the token is what makes a resource that checks it safe anyway.
 """
 
 from __future__ import annotations
@@ -77,6 +98,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import NoScriptError
+
 from ._client import Client
 from ._core.engine import FENCE_RETENTION
 from ._core.errors import (
@@ -87,7 +110,7 @@ from ._core.errors import (
     LockNotOwnedError,
     UnsupportedServerError,
 )
-from ._core.keys import main_key
+from ._core.keys import RedlockKeys
 from ._core.lease import Hold, Lease, LostCallback
 from ._core.notify import Waiter
 from ._core.validate import check_name, to_ms
@@ -120,23 +143,30 @@ def engine_of(client: Client) -> Engine:
 
 
 class _Master:
-    """One master: its Client's Engine and the names of one lock on it."""
+    """One master: its Client's Engine, and the names of the locks used on it."""
 
-    __slots__ = ("engine", "gen_key", "roster_key")
+    __slots__ = ("_names", "engine")
+
+    #: Names kept per master (rebuilt when more are used: cheap).
+    NAMES = 4096
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.gen_key = f"{engine.prefix}:redlock:gen"
-        self.roster_key = f"{engine.prefix}:redlock:roster"
+        self._names: dict[str, RedlockKeys] = {}
+
+    def keys(self, name: str) -> RedlockKeys:
+        keys = self._names.get(name)
+        if keys is None:
+            if len(self._names) >= self.NAMES:
+                self._names.clear()
+            keys = self._names[name] = RedlockKeys.of(self.engine.prefix, name)
+        return keys
 
     def lock_key(self, name: str) -> str:
-        return f"{main_key(self.engine.prefix, name)}:rl"
-
-    def fence_key(self, name: str) -> str:
-        return f"{main_key(self.engine.prefix, name)}:rl:fence"
+        return self.keys(name).lock
 
     def channel(self, name: str) -> bytes:
-        return f"{main_key(self.engine.prefix, name)}:rl:ch".encode()
+        return self.keys(name).channel
 
 
 def _decode(value: Any) -> str:
@@ -199,17 +229,6 @@ def _cancel_all(tasks: Sequence[asyncio.Future[Any]]) -> None:
 def _collect(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
-
-
-class _Attempt:
-    """The replies of one acquisition attempt (one per master; None: no reply)."""
-
-    __slots__ = ("granted", "replies", "value")
-
-    def __init__(self, value: str, n: int) -> None:
-        self.value = value
-        self.replies: list[Any] = [None] * n
-        self.granted = 0
 
 
 class Redlock:
@@ -352,6 +371,24 @@ class Redlock:
                 )
         return task
 
+    async def _settle(self) -> None:
+        """Have every Client find out its mode (one INFO on first use), so that
+        a round sends at once, in order, on every master it reaches; refuse
+        cluster mode."""
+        unsettled = [m.engine for m in self._masters if m.engine.cluster is None]
+        if unsettled:
+            # At most MASTER_TIMEOUT (a paused master): a master not settled by
+            # then is left out of this attempt (and tried again by the next).
+            tasks = [asyncio.ensure_future(e.is_cluster()) for e in unsettled]
+            for task in tasks:
+                task.add_done_callback(_collect)
+            await asyncio.wait(tasks, timeout=MASTER_TIMEOUT)
+        if any(m.engine.cluster for m in self._masters):
+            raise UnsupportedServerError(
+                "Redlock needs standalone masters (one Client per independent server); "
+                "a Client here is in cluster mode"
+            )
+
     def _validity(self, lease: float) -> float:
         return lease - self.drift * lease - CLOCK_SLACK
 
@@ -392,6 +429,78 @@ class Redlock:
             _cancel_all(list(tasks))
         return replies
 
+    async def _round(
+        self,
+        script: str,
+        call: Callable[[_Master], tuple[tuple[Any, ...], tuple[Any, ...]]],
+        timeout: float,
+        enough: Callable[[list[Any]], bool] | None = None,
+        late: Callable[[int], None] | None = None,
+    ) -> list[Any]:
+        """Send ``script`` to every master at once (``call(master)``: its KEYS
+        and ARGV) and return the replies in master order: an exception where
+        it failed, None where none came within ``timeout`` or before
+        ``enough(replies)``. No task per call: each reply is taken from its
+        parse (``Engine.send_script``). A reply that comes later is dropped
+        (every script sent here is idempotent or undone by value), unless
+        ``late`` is given: then it is stored in the returned list (which is
+        the round's own) and ``late(i)`` is called."""
+        loop = asyncio.get_running_loop()
+        n = len(self._masters)
+        replies: list[Any] = [None] * n
+        answered = 0
+        done: asyncio.Future[None] = loop.create_future()
+
+        def on_reply(i: int, reply: Any, error: BaseException | None) -> None:
+            nonlocal answered
+            if done.done():
+                if late is not None:
+                    replies[i] = error if error is not None else reply
+                    late(i)
+                return
+            replies[i] = error if error is not None else reply
+            answered += 1
+            if answered == n or (enough is not None and enough(replies)):
+                done.set_result(None)
+
+        def handler(i: int, master: _Master, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+            retried = False
+
+            def reply(value: Any, error: BaseException | None) -> None:
+                nonlocal retried
+                if isinstance(error, NoScriptError) and not retried:
+                    # Flushed (a restart, SCRIPT FLUSH): load it and run it again,
+                    # sent from this very reply, so that it stays ahead of any
+                    # later command of ours (an undo must run after it).
+                    retried = True
+                    engine = master.engine
+                    engine.mux.send(
+                        b"SCRIPT", b"LOAD", engine.scripts[script].source, callback=_ignore
+                    )
+                    engine.send_script(script, keys, args, reply)
+                    return
+                on_reply(i, value, error)
+
+            return reply
+
+        for i, master in enumerate(self._masters):
+            if master.engine.cluster is None:
+                # Not settled (never reached): its first command would wait for
+                # that, and a later undo could overtake it. Nothing is sent.
+                on_reply(i, None, ConnectionFailedError("this master was not reached yet"))
+                continue
+            keys, args = call(master)
+            master.engine.send_script(script, keys, args, handler(i, master, keys, args))
+        if not done.done():
+            try:
+                async with asyncio.timeout(timeout):
+                    await done
+            except TimeoutError:
+                pass
+        if not done.done():
+            done.set_result(None)  # later replies are dropped (or given to `late`)
+        return replies if late is not None else list(replies)
+
     def _undo(self, name: str, value: str) -> list[asyncio.Task[Any]]:
         """Release ``value`` on every master, in the background (retried,
         idempotent: also where the attempt's reply was lost or it never ran)."""
@@ -422,6 +531,7 @@ class Redlock:
 
         On failure everything it took is released before it returns; if it is
         cancelled or raises, the caller undoes ``value`` (``_undo``)."""
+        await self._settle()
         start = loop.time()
         validity = self._validity(lease_s)
         ms = to_ms(lease_s)
@@ -439,16 +549,9 @@ class Redlock:
         )
         common = (proposed, to_ms(FENCE_RETENTION), _RETENTION_US, *known)
 
-        def acquire(master: _Master) -> Awaitable[Any]:
-            keys = (
-                master.lock_key(name),
-                master.fence_key(name),
-                master.gen_key,
-                master.roster_key,
-            )
+        def acquire(master: _Master) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
             # A random generation id of its own, used if the master has none yet.
-            args = (value, ms, secrets.token_hex(8), *common)
-            return master.engine.eval("redlock_acquire", keys, args)
+            return master.keys(name).acquire, (value, ms, secrets.token_hex(8), *common)
 
         def decided(replies: list[Any]) -> bool:
             # A majority accepted the proposed token (it implies a grant), or
@@ -466,7 +569,15 @@ class Redlock:
             rostered = any(r[5] for r in answers)
             return granted >= majority and (rostered or None not in replies)
 
-        replies = await self._on_all(acquire, per_call, decided)
+        handed: list[int] = []  # the token, once handed out
+
+        def late(i: int) -> None:
+            # A read that came after the attempt decided: seed its master if it
+            # refused or could not vouch (see _accepted).
+            if handed:
+                self._seed(name, handed[0], i, replies[i], None)
+
+        replies = await self._round("redlock_acquire", acquire, per_call, decided, late)
         answers = [r for r in replies if isinstance(r, list)]
         granted = sum(1 for r in answers if r[0] == 1)
         for r in replies:
@@ -474,7 +585,7 @@ class Redlock:
                 await self._undo_and_wait(name, value, replies)
                 raise r
         gens = [_decode(r[4]) for r in answers]
-        if len({g.split(":", 1)[0] for g in gens}) < len(gens):
+        if len({g.split("/", 1)[0] for g in gens}) < len(gens):
             await self._undo_and_wait(name, value, replies)
             raise InvalidArgumentError(
                 "two Clients of this Redlock reach the same server: Redlock needs one "
@@ -496,7 +607,7 @@ class Redlock:
         for r in answers:
             roster.update(_decode(x) for x in r[5])
         if not roster and len(answers) == n:
-            roster = {g.split(":", 1)[0] for g in gens}  # a new deployment: found the roster
+            roster = {g.split("/", 1)[0] for g in gens}  # a new deployment: found the roster
         if roster:
             self._roster = tuple(sorted(roster))
         codes = [r[6] if isinstance(r, list) else None for r in replies]
@@ -504,6 +615,7 @@ class Redlock:
             if loop.time() >= start + validity:
                 await self._undo_and_wait(name, value, replies)
                 return None, _backoff(lease_s)
+            handed.append(proposed)
             self._accepted(name, proposed, replies, codes)
             return (proposed, start + validity), None
         # The write-back round: a token above every counter read (and above
@@ -514,8 +626,8 @@ class Redlock:
             token = max(token, int(_decode(r[3])), int(counter) + 1 if counter else 0)
         founders = sorted(roster)
 
-        def fence(master: _Master) -> Awaitable[Any]:
-            keys = (master.fence_key(name), master.gen_key, master.roster_key)
+        def fence(master: _Master) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+            keys = master.keys(name).write_back
             args = (
                 token,
                 to_ms(FENCE_RETENTION),
@@ -524,18 +636,20 @@ class Redlock:
                 "",
                 *founders,
             )
-            return master.engine.eval("redlock_fence", keys, args)
+            return keys, args
 
         def accepted(replies: list[Any]) -> int:
             return sum(1 for r in replies if isinstance(r, list) and r[0] == 1)
 
         left = start + validity - loop.time()
-        acks = await self._on_all(
+        acks = await self._round(
+            "redlock_fence",
             fence,
             max(min(left, MASTER_TIMEOUT), 0.0),
             lambda rs: accepted(rs) >= majority,
         )
         if accepted(acks) >= majority and loop.time() < start + validity:
+            handed.append(token)
             self._accepted(
                 name, token, replies, [a[0] if isinstance(a, list) else None for a in acks]
             )
@@ -555,13 +669,24 @@ class Redlock:
         last[name] = token
         if len(last) > LAST_TOKENS:
             del last[next(iter(last))]
-        for master, reply, code in zip(self._masters, replies, codes, strict=True):
-            if not (isinstance(reply, list) and code == -1):
-                continue
-            seed_gen = _decode(reply[4]).split(":", 1)[0]
-            keys = (master.fence_key(name), master.gen_key, master.roster_key)
-            args = (token, to_ms(FENCE_RETENTION), _RETENTION_US, secrets.token_hex(8), seed_gen)
-            self._spawn(self._quietly(master.engine.eval("redlock_fence", keys, args)))
+        for i, (reply, code) in enumerate(zip(replies, codes, strict=True)):
+            self._seed(name, token, i, reply, code)
+
+    def _seed(self, name: str, token: int, i: int, reply: Any, code: Any) -> None:
+        """Seed master ``i`` with ``token`` (a majority accepted it) if it
+        refused it as untrusted (``code`` -1), or did not answer in time and
+        its counter was absent when ``reply`` read it. A seed where it is not
+        needed changes nothing; one is never sent without the read (its
+        generation is the guard)."""
+        if not isinstance(reply, list) or not (
+            code == -1 or (code is None and not _decode(reply[2]))
+        ):
+            return
+        master = self._masters[i]
+        seed_gen = _decode(reply[4]).split("/", 1)[0]
+        keys = master.keys(name).write_back
+        args = (token, to_ms(FENCE_RETENTION), _RETENTION_US, secrets.token_hex(8), seed_gen)
+        self._spawn(self._quietly(master.engine.eval("redlock_fence", keys, args)))
 
     @staticmethod
     async def _quietly(call: Awaitable[Any]) -> None:
@@ -580,8 +705,9 @@ class Redlock:
         in the background.
         """
         name, value = hold.name, hold.release_args[0]
+        majority = self.majority
 
-        async def one(master: _Master) -> Any:
+        async def again(master: _Master) -> Any:
             try:
                 return await master.engine.retry(
                     "redlock_release", (master.lock_key(name),), (value, master.channel(name))
@@ -589,33 +715,32 @@ class Redlock:
             except Exception as exc:
                 return exc
 
-        tasks = [self._spawn(one(m)) for m in self._masters]
         try:
-            loop = asyncio.get_running_loop()
-            end = loop.time() + MASTER_TIMEOUT
-            pending: set[asyncio.Task[Any]] = set(tasks)
-            while pending:
-                confirmed = sum(1 for t in tasks if t.done() and t.result() == 1)
-                if confirmed >= self.majority:
-                    break  # released on a majority: nobody else can hold it through us
-                left = end - loop.time()
-                if left <= 0 and confirmed:
-                    break
-                _, pending = await asyncio.wait(
-                    pending,
-                    timeout=left if left > 0 and confirmed else None,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
+            replies = await self._round(
+                "redlock_release",
+                lambda m: ((m.lock_key(name),), (value, m.channel(name))),
+                MASTER_TIMEOUT,
+                lambda rs: sum(1 for r in rs if r == 1) >= majority,
+            )
+            # Where it failed or did not answer yet: retried in the background
+            # (by value: idempotent); awaited only if no master confirmed yet.
+            retries = [
+                self._spawn(again(m))
+                for m, r in zip(self._masters, replies, strict=True)
+                if isinstance(r, BaseException) or (r is None and 1 not in replies)
+            ]
+            if retries and 1 not in replies:
+                await asyncio.wait(retries)
+                replies += [t.result() for t in retries]
         except BaseException as exc:  # cancelled (the Client closing)
             hold.releasing = None
             hold.mark_lost(f"release failed: {exc!r}")
             if not outcome.done():
                 outcome.set_exception(exc)
             raise
-        replies = [t.result() for t in tasks if t.done()]
-        codes = [int(r) for r in replies if not isinstance(r, BaseException)]
+        codes = [int(r) for r in replies if isinstance(r, int)]
         if not codes:
-            error = next(r for r in replies if isinstance(r, BaseException))
+            error = next((r for r in replies if isinstance(r, BaseException)), None)
             hold.releasing = None
             hold.mark_lost(f"release failed: {error!r}")
             if not outcome.done():
@@ -672,6 +797,7 @@ class Redlock:
         next_round = loop.time() + period
         changed = self._changed = asyncio.Event()
         while self._watched:
+            changed.clear()  # (set when the last hold left; holds were added since)
             now = loop.time()
             earliest = min(h.expires_at for h in self._watched)
             if now < next_round:
@@ -706,6 +832,10 @@ class Redlock:
         for hold in list(self._watched):
             if now >= hold.expires_at:
                 hold.gone("could not renew it on a majority of masters before its validity ended")
+
+
+def _ignore(reply: Any, error: BaseException | None) -> None:
+    return None
 
 
 def _transient(exc: BaseException) -> bool:

@@ -10,7 +10,7 @@ version that wrote them differently would not see the locks of the one
 before, so they never change (tests/test_keys.py pins every one).
 
 Each kind of primitive gets one small frozen description (``LockKeys``,
-``FairKeys``, ``RWKeys``, ``SemaphoreKeys``, ``LatchKeys``), built once per
+``FairKeys``, ``RWKeys``, ``SemaphoreKeys``, ``LatchKeys``, ``RedlockKeys``), built once per
 primitive object from (prefix, name) by ``<Kind>.of(prefix, name)``. It also
 holds the tuples of KEYS its scripts take, built once, since every call sends
 them.
@@ -43,6 +43,7 @@ __all__ = [
     "LatchKeys",
     "LockKeys",
     "RWKeys",
+    "RedlockKeys",
     "SemaphoreKeys",
     "main_key",
 ]
@@ -253,3 +254,42 @@ class LatchKeys(Keys):
         main = main_key(prefix, name)
         signal = f"{main}:signal"
         return cls(main=main, channel=f"{main}:ch".encode(), signal=signal, down=(main, signal))
+
+
+@dataclass(frozen=True, slots=True)
+class RedlockKeys:
+    """A Redlock lock's names on one master (aiolock/_redlock.py).
+
+    Apart from AsyncLock's (``<main>:rl...``): a Redlock lock and a plain lock
+    of one name are two different locks. ``lock``: the lock key (a string
+    value, the holder's attempt); ``fence``: the fencing counter;
+    ``channel``: where a release wakes waiters. ``generation`` and
+    ``roster``: one per master and prefix, outside any hash tag (Redlock
+    needs standalone masters): the master's generation marker and the
+    founding generations (see the fencing rule in aiolock/_redlock.py).
+    ``acquire``: KEYS of redlock_acquire.lua; ``write_back``: KEYS of
+    redlock_fence.lua.
+    """
+
+    lock: str
+    fence: str
+    channel: bytes
+    generation: str
+    roster: str
+    acquire: tuple[str, str, str, str]
+    write_back: tuple[str, str, str]
+
+    @classmethod
+    def of(cls, prefix: str, name: str) -> RedlockKeys:
+        main = main_key(prefix, name)
+        lock, fence = f"{main}:rl", f"{main}:rl:fence"
+        generation, roster = f"{prefix}:redlock:gen", f"{prefix}:redlock:roster"
+        return cls(
+            lock=lock,
+            fence=fence,
+            channel=f"{main}:rl:ch".encode(),
+            generation=generation,
+            roster=roster,
+            acquire=(lock, fence, generation, roster),
+            write_back=(fence, generation, roster),
+        )

@@ -4,7 +4,7 @@
 --
 -- server_clock_us() -> number    the server clock in microseconds
 -- generation(gen_key, new_id, clock) -> gen, id, created
---   This master's generation "<id>:<created us>" (created now with new_id,
+--   This master's generation "<id>/<created us>" (created now with new_id,
 --   without a TTL, if it has none: the master is new or came back empty).
 -- add_roster(roster_key, from)   adds ARGV[from..] (founding generation ids) to
 --   the roster if it is empty (a master back empty learns it again).
@@ -23,10 +23,10 @@ end
 local function generation(gen_key, new_id, clock)
     local gen = redis.call('GET', gen_key)
     if not gen then
-        gen = new_id .. ':' .. string.format('%d', clock)
+        gen = new_id .. '/' .. string.format('%d', clock)
         redis.call('SET', gen_key, gen)
     end
-    local sep = string.find(gen, ':', 1, true)
+    local sep = string.find(gen, '/', 1, true)
     return gen, string.sub(gen, 1, sep - 1), tonumber(string.sub(gen, sep + 1))
 end
 

@@ -4,7 +4,7 @@
 --
 -- KEYS[1]  lock key     <prefix>:{<name>}:rl         string "<owner>|<attempt id>", with a TTL
 -- KEYS[2]  fence hash   <prefix>:{<name>}:rl:fence   field t -> highest token accepted here
--- KEYS[3]  generation   <prefix>:redlock:gen         "<random id>:<created, server clock us>", no TTL
+-- KEYS[3]  generation   <prefix>:redlock:gen         "<random id>/<created, server clock us>", no TTL
 -- KEYS[4]  roster       <prefix>:redlock:roster      set: the founding generation ids
 -- ARGV[1]  value        "<owner>|<attempt id>" (unique per attempt)
 -- ARGV[2]  lease_ms     TTL of the lock key
@@ -26,15 +26,15 @@
 --            absent (never accepted a token in this master's current
 --            generation, or expired);
 --   clock_us the server clock in microseconds (decimal string);
---   generation  "<id>:<created us>";
+--   generation  "<id>/<created us>";
 --   roster   the founding generation ids this master knows (maybe empty);
 --   accepted the proposed token's fate: fence_accept's 1, 0 or -1; 0 also when
 --            nothing was proposed, the lock was not granted, or the token is
 --            below the server clock.
 -- Writes the lock key, the fence counter (an accepted token), and once per
 -- master life its generation; the roster if it has none.
---@include _types.lua
 --@include _redlock_fence.lua
+--@include _types.lua
 check_types(KEYS, 'string', 'hash', 'string', 'set')
 local clock = server_clock_us()
 local gen, id, created = generation(KEYS[3], ARGV[3], clock)

@@ -3,7 +3,7 @@
 -- it; see aiolock/_redlock.py for the rule and its proof sketch).
 --
 -- KEYS[1]  fence hash   <prefix>:{<name>}:rl:fence   field t -> highest token accepted here
--- KEYS[2]  generation   <prefix>:redlock:gen         "<random id>:<created, server clock us>", no TTL
+-- KEYS[2]  generation   <prefix>:redlock:gen         "<random id>/<created, server clock us>", no TTL
 -- KEYS[3]  roster       <prefix>:redlock:roster      set: the founding generation ids
 -- ARGV[1]  token        the chosen token (decimal)
 -- ARGV[2]  retention_ms TTL of the fence hash (the counter of an unused name expires)
@@ -22,8 +22,8 @@
 -- Returns {code, counter}: 1 accepted (counter: the token); 0 refused, t >=
 -- token already (counter: t); -1 refused, t absent and the generation
 -- untrusted, or (a seed) the generation changed (counter "").
---@include _types.lua
 --@include _redlock_fence.lua
+--@include _types.lua
 check_types(KEYS, 'hash', 'string', 'set')
 local clock = server_clock_us()
 local gen, id, created = generation(KEYS[2], ARGV[4], clock)

@@ -5,6 +5,8 @@
 --
 -- Returns 1 if the key existed (deleted, waiters woken), else 0. The fence
 -- hash is kept: tokens keep increasing.
+--@include _types.lua
+check_types(KEYS, 'string')
 if redis.call('DEL', KEYS[1]) == 0 then
     return 0
 end
