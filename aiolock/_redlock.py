@@ -336,9 +336,54 @@ class Redlock:
             master.engine.check_usable()
 
     def release_hold(self, hold: Hold) -> asyncio.Future[int]:
-        outcome: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        """Release ``hold`` on every master; the future gets 1 (released) or 0 (gone).
+
+        Sent at once, decided from the replies' parse (no task): once a
+        majority confirmed they deleted the key, or once one did and the
+        others had ``MASTER_TIMEOUT`` to answer (a paused master does not
+        hold the release up), or once every master answered. A master that
+        failed or did not answer is released again in the background (by
+        value: idempotent); with no confirmation at all, the release waits
+        for those retries. It completes whatever happens to its caller.
+        """
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[int] = loop.create_future()
         hold.releasing = outcome
-        self._spawn(self._release(hold, outcome))
+        name, value = hold.name, hold.release_args[0]
+        n, majority = len(self._masters), self.majority
+        replies: list[Any] = [None] * n
+        answered = 0
+        finished = False
+        timed_out = False
+
+        def finish() -> None:
+            nonlocal finished
+            if finished:
+                return
+            finished = True
+            timer.cancel()
+            self._release_decided(hold, outcome, replies)
+
+        def expired() -> None:
+            nonlocal timed_out
+            timed_out = True
+            if 1 in replies:
+                finish()
+
+        def on_reply(i: int, reply: Any, error: BaseException | None) -> None:
+            nonlocal answered
+            if finished:
+                return
+            replies[i] = error if error is not None else reply
+            answered += 1
+            confirmed = sum(1 for r in replies if r == 1)
+            if confirmed >= majority or answered == n or (timed_out and confirmed):
+                finish()
+
+        timer = loop.call_later(MASTER_TIMEOUT, expired)
+        self._send(
+            "redlock_release", lambda m: ((m.lock_key(name),), (value, m.channel(name))), on_reply
+        )
         return outcome
 
     async def extend_hold(self, hold: Hold, seconds: float) -> None:
@@ -429,6 +474,45 @@ class Redlock:
             _cancel_all(list(tasks))
         return replies
 
+    def _send(
+        self,
+        script: str,
+        call: Callable[[_Master], tuple[tuple[Any, ...], tuple[Any, ...]]],
+        on_reply: Callable[[int, Any, BaseException | None], None],
+    ) -> None:
+        """Send ``script`` to every master at once (``call(master)``: its KEYS
+        and ARGV); ``on_reply(i, reply, error)`` is called once per master,
+        from the reply's parse (``Engine.send_script``: no task per call)."""
+
+        def handler(i: int, master: _Master, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+            retried = False
+
+            def reply(value: Any, error: BaseException | None) -> None:
+                nonlocal retried
+                if isinstance(error, NoScriptError) and not retried:
+                    # Flushed (a restart, SCRIPT FLUSH): load it and run it again,
+                    # sent from this very reply, so that it stays ahead of any
+                    # later command of ours (an undo must run after it).
+                    retried = True
+                    engine = master.engine
+                    engine.mux.send(
+                        b"SCRIPT", b"LOAD", engine.scripts[script].source, callback=_ignore
+                    )
+                    engine.send_script(script, keys, args, reply)
+                    return
+                on_reply(i, value, error)
+
+            return reply
+
+        for i, master in enumerate(self._masters):
+            if master.engine.cluster is None:
+                # Not settled (never reached): its first command would wait for
+                # that, and a later undo could overtake it. Nothing is sent.
+                on_reply(i, None, ConnectionFailedError("this master was not reached yet"))
+                continue
+            keys, args = call(master)
+            master.engine.send_script(script, keys, args, handler(i, master, keys, args))
+
     async def _round(
         self,
         script: str,
@@ -463,34 +547,7 @@ class Redlock:
             if answered == n or (enough is not None and enough(replies)):
                 done.set_result(None)
 
-        def handler(i: int, master: _Master, keys: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
-            retried = False
-
-            def reply(value: Any, error: BaseException | None) -> None:
-                nonlocal retried
-                if isinstance(error, NoScriptError) and not retried:
-                    # Flushed (a restart, SCRIPT FLUSH): load it and run it again,
-                    # sent from this very reply, so that it stays ahead of any
-                    # later command of ours (an undo must run after it).
-                    retried = True
-                    engine = master.engine
-                    engine.mux.send(
-                        b"SCRIPT", b"LOAD", engine.scripts[script].source, callback=_ignore
-                    )
-                    engine.send_script(script, keys, args, reply)
-                    return
-                on_reply(i, value, error)
-
-            return reply
-
-        for i, master in enumerate(self._masters):
-            if master.engine.cluster is None:
-                # Not settled (never reached): its first command would wait for
-                # that, and a later undo could overtake it. Nothing is sent.
-                on_reply(i, None, ConnectionFailedError("this master was not reached yet"))
-                continue
-            keys, args = call(master)
-            master.engine.send_script(script, keys, args, handler(i, master, keys, args))
+        self._send(script, call, on_reply)
         if not done.done():
             try:
                 async with asyncio.timeout(timeout):
@@ -695,17 +752,11 @@ class Redlock:
         except Exception as exc:  # a best effort: the next write-back may seed it
             log.debug("aiolock: Redlock seed failed: %r", exc)
 
-    async def _release(self, hold: Hold, outcome: asyncio.Future[int]) -> None:
-        """Release ``hold`` on every master (each retried, in the background).
-
-        Decided once a majority confirmed they deleted the key, or once one
-        did and the others had ``MASTER_TIMEOUT`` to answer (a paused master
-        does not hold the release up); with no confirmation yet, once every
-        master answered or failed for good. The releases still running go on
-        in the background.
-        """
+    def _release_decided(
+        self, hold: Hold, outcome: asyncio.Future[int], replies: list[Any]
+    ) -> None:
+        """The first replies of a release are in (see ``release_hold``)."""
         name, value = hold.name, hold.release_args[0]
-        majority = self.majority
 
         async def again(master: _Master) -> Any:
             try:
@@ -715,29 +766,35 @@ class Redlock:
             except Exception as exc:
                 return exc
 
+        retries = [
+            self._spawn(again(m))
+            for m, r in zip(self._masters, replies, strict=True)
+            if isinstance(r, BaseException) or (r is None and 1 not in replies)
+        ]
+        if retries and 1 not in replies:
+            self._spawn(self._release_slowly(hold, outcome, replies, retries))
+        else:
+            self._release_done(hold, outcome, replies)
+
+    async def _release_slowly(
+        self,
+        hold: Hold,
+        outcome: asyncio.Future[int],
+        replies: list[Any],
+        retries: list[asyncio.Task[Any]],
+    ) -> None:
         try:
-            replies = await self._round(
-                "redlock_release",
-                lambda m: ((m.lock_key(name),), (value, m.channel(name))),
-                MASTER_TIMEOUT,
-                lambda rs: sum(1 for r in rs if r == 1) >= majority,
-            )
-            # Where it failed or did not answer yet: retried in the background
-            # (by value: idempotent); awaited only if no master confirmed yet.
-            retries = [
-                self._spawn(again(m))
-                for m, r in zip(self._masters, replies, strict=True)
-                if isinstance(r, BaseException) or (r is None and 1 not in replies)
-            ]
-            if retries and 1 not in replies:
-                await asyncio.wait(retries)
-                replies += [t.result() for t in retries]
+            await asyncio.wait(retries)
         except BaseException as exc:  # cancelled (the Client closing)
             hold.releasing = None
             hold.mark_lost(f"release failed: {exc!r}")
             if not outcome.done():
                 outcome.set_exception(exc)
             raise
+        self._release_done(hold, outcome, [*replies, *(t.result() for t in retries)])
+
+    def _release_done(self, hold: Hold, outcome: asyncio.Future[int], replies: list[Any]) -> None:
+        name = hold.name
         codes = [int(r) for r in replies if isinstance(r, int)]
         if not codes:
             error = next((r for r in replies if isinstance(r, BaseException)), None)
