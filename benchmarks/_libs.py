@@ -54,8 +54,19 @@ SETUP = frozenset(
      "cluster|slots", "cluster|shards", "command", "readonly"}
 )  # fmt: skip
 DIRECT: dict[str, frozenset[str]] = {
+    # WAIT / WAITAOF: replica acknowledgements (``replicas=N``), sent on their own connection.
     "aiolock": frozenset(
-        {"evalsha", "eval", "subscribe", "unsubscribe", "ssubscribe", "sunsubscribe", "asking"}
+        {
+            "evalsha",
+            "eval",
+            "subscribe",
+            "unsubscribe",
+            "ssubscribe",
+            "sunsubscribe",
+            "asking",
+            "wait",
+            "waitaof",
+        }
     ),
     "redis-py": frozenset({"set", "evalsha", "eval"}),
     "redis-py-10ms": frozenset({"set", "evalsha", "eval"}),
@@ -142,20 +153,42 @@ class AiolockLib:
     conn_prefix = None
 
     async def open(
-        self, url: str, tasks: int, lease: float = 30.0, cluster: bool | None = False
+        self,
+        url: str,
+        tasks: int,
+        lease: float = 30.0,
+        cluster: bool | None = False,
+        *,
+        masters: list[str] | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
+        """One Client on ``url``; with ``masters``, a ``Redlock`` over one Client per master.
+
+        ``options``: more ``Client`` options (e.g. ``replicas``), passed only when given.
+        """
         import aiolock
 
         # `cluster` only when asked for: an older aiolock (--aiolock-ref) has no such option.
-        options: dict[str, Any] = {} if cluster is False else {"cluster": cluster}
-        self.client = aiolock.Client.from_url(url, prefix="bench", lease=lease, **options)
-        await self.client.__aenter__()
+        opts: dict[str, Any] = {} if cluster is False else {"cluster": cluster}
+        opts.update(options or {})
         self._locks: dict[str, Any] = {}
+        self.redlock: Any = None
+        self.clients: list[Any] = []
+        for u in masters or [url]:
+            client = aiolock.Client.from_url(u, prefix="bench", lease=lease, **opts)
+            await client.__aenter__()
+            self.clients.append(client)
+        self.client = self.clients[0]
+        if masters:
+            self.redlock = aiolock.Redlock(self.clients)  # type: ignore[attr-defined,unused-ignore]
+            if hasattr(self.redlock, "__aenter__"):
+                await self.redlock.__aenter__()
 
     def lock(self, name: str) -> _Handle:
         lk = self._locks.get(name)
         if lk is None:
-            lk = self._locks[name] = self.client.lock(name)
+            owner = self.redlock if self.redlock is not None else self.client
+            lk = self._locks[name] = owner.lock(name)
         return _Handle(lk)
 
     async def acquire(self, h: _Handle) -> int | None:
@@ -172,10 +205,16 @@ class AiolockLib:
 
     async def prewarm(self, tasks: int) -> None:
         """Connect (and load the scripts) before the clock starts."""
-        await self.client.lock("bench-prewarm").is_locked()
+        for client in self.clients:
+            await client.lock("bench-prewarm").is_locked()
 
     async def close(self) -> None:
-        await self.client.aclose()
+        try:
+            if self.redlock is not None and hasattr(self.redlock, "aclose"):
+                await self.redlock.aclose()
+        finally:
+            for client in self.clients:
+                await client.aclose()
 
 
 class RedisPyLib:
@@ -185,12 +224,30 @@ class RedisPyLib:
     def __init__(self, sleep: float) -> None:
         self.sleep = sleep
 
-    async def open(self, url: str, tasks: int, lease: float = 30.0, cluster: bool = False) -> None:
+    async def open(
+        self,
+        url: str,
+        tasks: int,
+        lease: float = 30.0,
+        cluster: bool = False,
+        *,
+        masters: list[str] | None = None,
+    ) -> None:
         import redis.asyncio as aioredis
 
         self.lease = lease
         self.pool: Any = None
         self.redis: Any
+        #: One client per independent master (Redlock peers); ``[self.redis]`` otherwise.
+        self.masters: list[Any] = []
+        if masters:
+            self.pools = [
+                aioredis.ConnectionPool.from_url(u, max_connections=tasks + POOL_HEADROOM)
+                for u in masters
+            ]
+            self.masters = [aioredis.Redis(connection_pool=pool) for pool in self.pools]
+            self.redis = self.masters[0]
+            return
         if cluster:  # a pool per node, made by the cluster client itself
             self.redis = aioredis.RedisCluster.from_url(url, max_connections=tasks + POOL_HEADROOM)
             await self.redis.initialize()
@@ -203,11 +260,13 @@ class RedisPyLib:
 
     async def prewarm(self, tasks: int) -> None:
         """Open one connection per task before the clock starts (as a warm service would have)."""
-        if self.pool is None:  # a cluster: its per-node pools fill up in the warm-up
-            return
-        conns = await asyncio.gather(*(self.pool.get_connection() for _ in range(tasks)))
-        for conn in conns:
-            await self.pool.release(conn)
+        pools = self.pools if self.masters else [self.pool]
+        for pool in pools:
+            if pool is None:  # a cluster: its per-node pools fill up in the warm-up
+                continue
+            conns = await asyncio.gather(*(pool.get_connection() for _ in range(tasks)))
+            for conn in conns:
+                await pool.release(conn)
 
     async def acquire(self, h: Any) -> int | None:
         await h.acquire()
@@ -220,6 +279,11 @@ class RedisPyLib:
         return None
 
     async def close(self) -> None:
+        if self.masters:
+            for r, pool in zip(self.masters, self.pools, strict=True):
+                await r.aclose()
+                await pool.aclose()
+            return
         await self.redis.aclose()
         if self.pool is not None:
             await self.pool.aclose()
@@ -232,19 +296,22 @@ class PotteryLib(RedisPyLib):
     def lock(self, name: str) -> Any:
         from pottery import AIORedlock
 
-        return AIORedlock(key=name, masters={self.redis}, auto_release_time=self.lease)
+        masters = set(self.masters) if self.masters else {self.redis}
+        return AIORedlock(key=name, masters=masters, auto_release_time=self.lease)
 
 
 class AioredlockLib:
     thread = False
     conn_prefix = None
 
-    async def open(self, url: str, tasks: int, lease: float = 30.0) -> None:
+    async def open(
+        self, url: str, tasks: int, lease: float = 30.0, *, masters: list[str] | None = None
+    ) -> None:
         from aioredlock import Aioredlock
 
-        u = urlparse(url)
+        hosts = [urlparse(u) for u in masters or [url]]
         self.manager = Aioredlock(
-            [{"host": u.hostname, "port": u.port, "maxsize": tasks + POOL_HEADROOM}],
+            [{"host": u.hostname, "port": u.port, "maxsize": tasks + POOL_HEADROOM} for u in hosts],
             retry_count=10**9,
         )
         self.lease = lease

@@ -224,6 +224,12 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
         from benchmarks import _report_cluster
 
         s["cluster"] = _report_cluster.summarise(raw, summarise)
+    if any(run["scenario"].startswith("failover_") for run in raw["runs"]) or raw["meta"].get(
+        "failover_skipped"
+    ):
+        from benchmarks import _report_failover
+
+        s["failover"] = _report_failover.summarise(raw, summarise)
     return s
 
 
@@ -607,6 +613,10 @@ def markdown(s: dict[str, Any], plots: list[str]) -> str:
                 f"{w['lag_p99_ms']:.2f} ms | {w['lag_max_ms']:.1f} ms | {w['idle_lag_p99_ms']:.2f} ms | {w['lost']} |")  # fmt: skip
         add("")
 
+    if s.get("failover"):
+        from benchmarks import _report_failover
+
+        L.extend(_report_failover.markdown(s["failover"]))
     if s.get("cluster"):
         from benchmarks import _report_cluster
 

@@ -801,6 +801,10 @@ async def run_async(spec: dict[str, Any], out: TextIO) -> dict[str, Any]:
         return await failover(url, p)
     if scenario == "cluster_watchdog":
         return await cluster_watchdog(url, p)
+    if scenario == "failover_loss":
+        from benchmarks._failover import loss
+
+        return await loss(p, send_ready, wait_go)
     admin = make_admin(spec)
     admin.ping()
     try:
@@ -811,8 +815,12 @@ async def run_async(spec: dict[str, Any], out: TextIO) -> dict[str, Any]:
             send(out, {"ready": True})
             return await watchdog(url, admin, p, wait_go())
         lib = _libs.make(name)
-        cluster = {"cluster": True} if spec.get("cluster") else {}
-        await lib.open(url, p.get("pool", p.get("tasks", 1)), lease=p.get("lease", 30.0), **cluster)
+        extra: dict[str, Any] = {"cluster": True} if spec.get("cluster") else {}
+        if p.get("masters"):  # Redlock over independent masters (the failover section)
+            extra["masters"] = p["masters"]
+        if p.get("aiolock_options"):  # e.g. replicas=1 (the failover section)
+            extra["options"] = p["aiolock_options"]
+        await lib.open(url, p.get("pool", p.get("tasks", 1)), lease=p.get("lease", 30.0), **extra)
         try:
             if scenario in ("throughput", "handoff") and p.get("prewarm", True):
                 await lib.prewarm(p["tasks"])

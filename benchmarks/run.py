@@ -27,7 +27,7 @@ from typing import Any
 if __package__ in (None, ""):  # `python benchmarks/run.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _cluster_section, _libs, _report
+from benchmarks import _cluster_section, _failover_section, _libs, _report
 from benchmarks._cluster import ClusterAdmin
 from benchmarks._server import Server, admin_client
 
@@ -64,6 +64,16 @@ FULL: dict[str, Any] = {
                    "grace": 0.0},
         "failover": {"lease": 5.0, "timeout": 10.0},
     },
+    "failover": {
+        "loops": ["uvloop", "asyncio"], "peer_loops": ["asyncio"],
+        "uncontended": {"rounds": 3, "duration": 0.6, "max_samples": 4000, "warmup": 50},
+        "spread": {"rounds": 2, "tasks": 100, "names": 100, "warmup": 0.25, "duration": 0.8,
+                   "grace": 0.0},
+        "redlock_uncontended": {"rounds": 3, "duration": 0.6, "max_samples": 3000, "warmup": 20},
+        "redlock_handoff": {"rounds": 1, "tasks": 10, "hold": 0.001, "think": 0.02,
+                            "duration": 2.0, "max_events": 3000, "grace": 1.0},
+        "loss": {"runs": 24, "lease": 10.0, "replica_timeout": 0.2, "short_lag": 0.05},
+    },
 }  # fmt: skip
 
 QUICK: dict[str, Any] = {
@@ -96,10 +106,20 @@ QUICK: dict[str, Any] = {
                    "grace": 0.5},
         "failover": {"lease": 5.0, "timeout": 8.0},
     },
+    "failover": {
+        "loops": ["asyncio"], "peer_loops": ["asyncio"],
+        "uncontended": {"rounds": 1, "duration": 0.1, "max_samples": 300, "warmup": 5},
+        "spread": {"rounds": 1, "tasks": 20, "names": 20, "warmup": 0.05, "duration": 0.2,
+                   "grace": 0.5},
+        "redlock_uncontended": {"rounds": 1, "duration": 0.1, "max_samples": 200, "warmup": 3},
+        "redlock_handoff": {"rounds": 1, "tasks": 3, "hold": 0.001, "think": 0.02,
+                            "duration": 0.3, "max_events": 200, "grace": 1.0},
+        "loss": {"runs": 2, "lease": 10.0, "replica_timeout": 0.2, "short_lag": 0.05},
+    },
 }  # fmt: skip
 
 READY_TIMEOUT = 90.0
-SCENARIOS = ("uncontended", "handoff", "throughput", "scale", "watchdog", "cluster")
+SCENARIOS = ("uncontended", "handoff", "throughput", "scale", "watchdog", "failover", "cluster")
 
 
 def log(msg: str) -> None:
@@ -228,11 +248,15 @@ class Target:
         url: str,
         admin_urls: list[str] | None = None,
         node_urls: list[str] | None = None,
+        *,
+        cluster: bool | None = None,
     ) -> None:
         self.name = name
         self.url = url
         self.admin_urls = admin_urls
         self.node_urls = node_urls
+        #: Several admin URLs are a cluster's masters unless told otherwise (Redlock's masters).
+        self.cluster = bool(admin_urls) if cluster is None else cluster
         self.admin: Any = ClusterAdmin(admin_urls) if admin_urls else admin_client(url)
 
     def spec(self) -> dict[str, Any]:
@@ -240,7 +264,7 @@ class Target:
             "url": self.url,
             "admin_urls": self.admin_urls,
             "node_urls": self.node_urls,
-            "cluster": bool(self.admin_urls),
+            "cluster": self.cluster,
         }
 
 
@@ -517,6 +541,21 @@ async def execute(args: argparse.Namespace, cfg: dict[str, Any], logdir: Path) -
                 )
                 record("watchdog", f"{c['locks']} locks", "aiolock", loop, 0, res)
 
+        if "failover" in scenarios:
+            # Started now, stopped at the end of the section: idle meanwhile otherwise.
+            servers, raw["meta"]["failover"], skipped = _failover_section.start_servers(
+                args.server, log
+            )
+            if skipped is not None:
+                raw["meta"]["failover_skipped"] = skipped
+            try:
+                if skipped is None:
+                    await _failover_section.run_section(
+                        orch, cfg["failover"], libs, loops, servers, key, record, args.server
+                    )
+            finally:
+                servers.cleanup()
+
         if "cluster" in scenarios:
             # Started now (between cells, nothing runs meanwhile): their nodes are
             # not there while the standalone sections run.
@@ -546,7 +585,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--scenarios",
         type=lambda s: s.split(","),
         help=f"comma-separated subset of {','.join(SCENARIOS)} (cluster: the cluster "
-        "section, with its own interleaved standalone baselines)",
+        "section, with its own interleaved standalone baselines; failover: replicas=1, "
+        "Redlock over 3 masters and the failover loss table, on servers of its own)",
     )
     ap.add_argument(
         "--cluster-servers",

@@ -1,9 +1,11 @@
 """The benchmark command runs end to end on a tiny configuration.
 
 This is not a timed test: it checks that ``python -m benchmarks --quick``
-starts its own server and its own local Redis Cluster (3 masters + 3
-replicas; the Valkey cluster is left out here to keep the suite quick), runs
-every scenario, exits 0 and writes RESULTS.md with every section. The numbers
+starts its own server, the failover section's servers (a master + replica,
+3 masters, and the loss runs' pair through a stalling proxy) and its own local
+Redis Cluster (3 masters + 3 replicas; the Valkey cluster is left out here to
+keep the suite quick), runs every scenario, exits 0 and writes RESULTS.md with
+every section. The numbers
 of a quick run mean nothing, and no target is asserted.
 """
 
@@ -32,6 +34,11 @@ SECTIONS = (
     "## Contended throughput",
     "## Scale:",
     "## Watchdog:",
+    "## Failover (issue 12):",
+    "### Failover targets (issue 12)",
+    "### The cost of `replicas=1`",
+    "### Redlock over 3 independent masters",
+    "### Failover loss table",
     "## Cluster (issue 11): a local 3 + 3 cluster beside the standalone server",
     "### Cluster targets (issue 11)",
     "### Cluster against standalone",
@@ -84,6 +91,21 @@ def test_quick_benchmark_writes_results(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "summary.json").read_text())
     fo = summary["cluster"]["failover"]["redis"]
     assert isinstance(fo["write_ok_s"], float), fo
+    # The failover section compared replicas=1 with replicas=0 on its master + replica, and
+    # the loss runs took place: with replicas=0 a lag lasting until the kill lost the lock
+    # in every run (the harness can show a double holder); with replicas=1 none was a
+    # double holder.
+    failover = results[results.index("## Failover (issue 12)") : results.index("## Cluster")]
+    assert "| uncontended acquire+release p50 (µs) | asyncio |" in failover
+    redlock = failover[failover.index("### Redlock over 3 independent masters") :]
+    assert "| aiolock | asyncio |" in redlock
+    failed = [e for e in summary["errors"] if e["scenario"].startswith("failover_")]
+    assert not failed, failed
+    rows = summary["failover"]["loss"]["rows"]
+    assert rows["replicas=0"]["failed"] == rows["replicas=1"]["failed"] == 0, rows
+    long0 = rows["replicas=0, long lag"]
+    assert long0["double"] == long0["runs"] >= 1, rows
+    assert rows["replicas=1"]["double"] == 0, rows
     assert (tmp_path / "summary.json").is_file()
     if "--no-plots" not in cmd:
         assert (tmp_path / "throughput.png").is_file()
