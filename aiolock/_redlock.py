@@ -287,6 +287,15 @@ class Redlock:
         if not (0.0 <= float(drift) < 0.5):
             raise InvalidArgumentError(f"drift must be in [0, 0.5), got {drift!r}")
         engines = [engine_of(c) for c in clients]
+        for client, engine in zip(clients, engines, strict=True):
+            if engine.replicas or engine.wait_aof:
+                raise InvalidArgumentError(
+                    f"Redlock runs over independent masters and does not wait for their "
+                    f"replicas, but Client {client.id[:8]} was made with replicas="
+                    f"{engine.replicas}, wait_aof={engine.wait_aof}: pass Clients made "
+                    "without them (Redlock's majority replaces replica acknowledgement), "
+                    "or use that Client alone with replicas=N"
+                )
         self._masters = [_Master(e) for e in engines]
         self.drift = float(drift)
         self.majority = len(clients) // 2 + 1

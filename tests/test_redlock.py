@@ -467,6 +467,10 @@ async def test_bad_arguments_are_typed_errors_before_any_io() -> None:
         with pytest.raises(InvalidArgumentTypeError):
             await lock.try_acquire("1")  # type: ignore[arg-type]
         assert isinstance(Redlock([c1, c2, c3, c4][:3]), Redlock)
+        acked = Client.from_url("redis://127.0.0.1:1/5", replicas=1)
+        clients.append(acked)
+        with pytest.raises(InvalidArgumentError, match="replicas=1"):
+            Redlock([c1, c2, acked])
     finally:
         for client in clients:
             await client.aclose()
