@@ -36,6 +36,7 @@ somewhere deep in a lock test.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -116,6 +117,13 @@ def _new(cls: type[AbstractConnection], settings: dict[str, Any], name: str) -> 
     return cls(**kwargs)
 
 
+#: The master the watching Engine last heard the Sentinels name, per Sentinel
+#: manager and service: a connect that lands elsewhere (a lagging Sentinel
+#: named the old master, which stays a writable master for seconds after a
+#: manual failover) is refused like one on a replica.
+_expected: weakref.WeakKeyDictionary[Any, dict[str, tuple[str, int]]] = weakref.WeakKeyDictionary()
+
+
 class SentinelService:
     """What aiolock needs of a Sentinel-managed client (``Sentinel.master_for``):
     the service's name, its Sentinels (to watch ``+switch-master`` and ask
@@ -150,6 +158,10 @@ class SentinelService:
             return None
         host, port = cast("tuple[Any, Any]", address)
         return (host.decode() if isinstance(host, bytes) else str(host), int(port))
+
+    def expect(self, address: tuple[str, int]) -> None:
+        """The Sentinels name ``address`` the master now: connects elsewhere are refused."""
+        _expected.setdefault(self.manager, {})[self.name] = address
 
     async def aclose(self) -> None:
         """Close the Sentinels' clients (not the master's)."""
@@ -208,8 +220,16 @@ async def _check_master(conn: SentinelManagedConnection) -> None:
     except ResponseError:
         return
     role = reply[0] if isinstance(reply, list) and reply else reply
+    pool = conn.connection_pool
     if role in (b"master", "master"):
-        return
+        expected = _expected.get(pool.sentinel_manager, {}).get(pool.service_name)
+        if expected is None or (str(conn.host), int(conn.port)) == expected:
+            return
+        raise MasterChangedError(
+            f"READONLY {conn.host}:{conn.port} says it is a master, but the Sentinels "
+            f"now name {expected[0]}:{expected[1]} the master of {pool.service_name!r} "
+            "(it is the old master of a failover)"
+        )
     if isinstance(role, bytes):
         role = role.decode(errors="replace")
     raise MasterChangedError(

@@ -135,6 +135,7 @@ class SentinelWatch:
                 "Sentinel lists the names it monitors)"
             )
         self.known = address
+        self.service.expect(address)
         channel = self._listener.register(SWITCH_CHANNEL)
         channel.handler = self._message
         self._listener.start()
@@ -175,6 +176,7 @@ class SentinelWatch:
         if self._closed:
             return
         known, self.known = self.known, address
+        self.service.expect(address)
         connected = self.service.master_address
         if address != known or (connected is not None and connected != address):
             was = connected if connected is not None and connected != address else known
