@@ -24,6 +24,7 @@ write is the proof). Nothing is mocked.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import tempfile
@@ -314,9 +315,14 @@ class SentinelSet:
     def wait_healthy(self, timeout: float = TIMEOUT) -> None:
         """Every Sentinel names the master, knows 2 Sentinels more and 2 replicas
         up; both replicas acknowledge a write (``WAIT 2``)."""
-        deadline = time.monotonic() + max(timeout, 1.0)
+        start = time.monotonic()
+        deadline = start + max(timeout, 1.0)
+        last = None
         while True:
             problem = self._health_problem()
+            if problem != last and os.environ.get("AIOLOCK_SENTINEL_TRACE"):
+                print(f"sentinel set +{time.monotonic() - start:.2f}s: {problem}")
+            last = problem
             if problem is None:
                 return
             if time.monotonic() > deadline:
