@@ -35,6 +35,9 @@ from ._primitives.spin import SpinLock
 
 __all__ = ["Client", "ClientStatistics", "Notify"]
 
+#: ``from_sentinel``: the socket timeouts of each question to a Sentinel, in seconds.
+SENTINEL_TIMEOUT = 2.0
+
 
 class Client:
     """One Client per event loop: the connection, listener and watchdog of aiolock.
@@ -228,6 +231,10 @@ class Client:
                 kwargs["ssl"] = True
         if isinstance(db, bool) or not isinstance(db, int) or db < 0:
             raise InvalidArgumentTypeError(f"db must be an int >= 0, got {db!r}")
+        # A Sentinel that stops answering (paused, black-holed) must not stall
+        # discovery: redis-py asks the Sentinels in turn, each within this.
+        sentinel_kwargs.setdefault("socket_timeout", SENTINEL_TIMEOUT)
+        sentinel_kwargs.setdefault("socket_connect_timeout", SENTINEL_TIMEOUT)
         sentinel = aioredis.Sentinel(  # type: ignore[no-untyped-call]
             pairs, sentinel_kwargs=sentinel_kwargs, **master_kwargs
         )

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -108,6 +109,15 @@ class SentinelProcess:
         if not reply:
             return None
         return (reply[0].decode(), int(reply[1]))
+
+    def pause(self) -> None:
+        """SIGSTOP: the port stays open, nothing is answered until ``resume()``."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
@@ -230,21 +240,32 @@ class SentinelSet:
         node.pause()
         return node
 
-    def manual_failover(self) -> ServerProcess:
-        """``SENTINEL FAILOVER`` on a Sentinel; returns the old master (it stays a
-        writable master for seconds after the switch: the trap)."""
-        node = self.master
+    def manual_failover(self, via: int = 0) -> ServerProcess:
+        """``SENTINEL FAILOVER`` on Sentinel ``via``; returns the old master (it
+        stays a writable master for seconds after the switch: the trap)."""
+        node = self.master_per(self.sentinels[via])
         self._fault_at = time.monotonic()
-        self.sentinels[0].execute("SENTINEL", "FAILOVER", SERVICE)
+        self.sentinels[via].execute("SENTINEL", "FAILOVER", SERVICE)
         return node
 
-    def wait_for_switch(self, old: ServerProcess, timeout: float = TIMEOUT) -> ServerProcess:
-        """Wait until every Sentinel names the same master, not ``old``, and it
-        answers ROLE master; record the time since the fault; return it."""
+    def master_per(self, sentinel: SentinelProcess) -> ServerProcess:
+        address = sentinel.master_address()
+        assert address is not None
+        return self.node_at(address)
+
+    def wait_for_switch(
+        self,
+        old: ServerProcess,
+        timeout: float = TIMEOUT,
+        sentinels: list[SentinelProcess] | None = None,
+    ) -> ServerProcess:
+        """Wait until every Sentinel (of ``sentinels``: default all) names the
+        same master, not ``old``, and it answers ROLE master; record the time
+        since the fault; return it."""
         deadline = time.monotonic() + timeout
         while True:
             named: set[Address | None] = set()
-            for sentinel in self.sentinels:
+            for sentinel in sentinels or self.sentinels:
                 try:
                     named.add(sentinel.master_address())
                 except redis.RedisError:
@@ -276,6 +297,8 @@ class SentinelSet:
     def heal(self, timeout: float = TIMEOUT) -> None:
         """Back to 1 master + 2 replicas in sync, all three Sentinels agreeing."""
         deadline = time.monotonic() + timeout
+        for sentinel in self.sentinels:
+            sentinel.resume()
         master = self._agreed_master(deadline)
         for node in self.nodes:
             if node is master:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -285,8 +284,11 @@ async def test_readonly_is_retryable_and_followed(sentinel_set: SentinelSet) -> 
 @pytest.mark.xfail(strict=False, reason="needs i12-replicas")
 async def test_replicas_1_hold_survives_kill(sentinel_set: SentinelSet) -> None:
     """With replicas=1, a lock held when the master is killed is still held on
-    the promoted master, in every run (3 runs)."""
+    the promoted master, in every run (3 runs). (Redis only: three failovers
+    cost 16 s; the replica acknowledgement is the same code on Valkey.)"""
     s = sentinel_set
+    if s.kind != "redis":
+        pytest.skip("three failovers on one kind only (the suite's time budget)")
     for run in range(3):
         async with sentinel_client(s, lease=5.0, replicas=1, replica_timeout=1.0) as client:
             await client.lock(f"r{run}").acquire()
@@ -297,9 +299,43 @@ async def test_replicas_1_hold_survives_kill(sentinel_set: SentinelSet) -> None:
         await asyncio.to_thread(s.heal)
 
 
-def test_harness_switch_times_measured(sentinel_set: SentinelSet) -> None:
-    """The harness is healthy between tests: 1 master, 2 replicas in sync."""
-    assert len(sentinel_set.replicas) == 2
-    assert all(SentinelSet.role(n) == "slave" for n in sentinel_set.replicas)
-    assert SentinelSet.role(sentinel_set.master) == "master"
-    assert time.monotonic() > 0
+async def test_watch_moves_to_another_sentinel(sentinel_set: SentinelSet) -> None:
+    """The Sentinel the Client watches stops answering (SIGSTOP): the watch
+    moves to another Sentinel and still sees the next switch, and new
+    acquisitions land on the new master."""
+    s = sentinel_set
+    async with sentinel_client(s, lease=6.0) as client:
+        await acquire_until(client, "w", 5.0)
+        watch = client._engine._watch
+        assert watch is not None
+        link = watch._listener._link
+        assert link is not None
+        watched = next(x for x in s.sentinels if x.port == link._conn.port)
+        others = [x for x in s.sentinels if x is not watched]
+        watched.pause()
+        try:
+            old = await asyncio.to_thread(s.manual_failover, s.sentinels.index(others[0]))
+            new = await asyncio.to_thread(s.wait_for_switch, old, sentinels=others)
+            # Found out within the listener's health check (2 x 2 s) or the
+            # periodic question (2 s, then 2 s per silent Sentinel asked).
+            await eventually(
+                lambda: watch.known == (LOOPBACK, new.port), timeout=10.0, what="switch seen"
+            )
+            lock = client.lock("after")
+            await lock.acquire(timeout=10)
+            assert b"st:{after}" in keys_on(new)
+            await lock.release()
+        finally:
+            watched.resume()
+
+
+def test_harness_is_healthy_between_tests(sentinel_set: SentinelSet) -> None:
+    """The harness heals between tests: 1 master, 2 replicas in sync, the
+    Sentinels agreeing; every switch it measured took at least the
+    detection time (kills and pauses) or less (manual failovers)."""
+    s = sentinel_set
+    assert len(s.replicas) == 2
+    assert all(SentinelSet.role(n) == "slave" for n in s.replicas)
+    assert SentinelSet.role(s.master) == "master"
+    assert {x.master_address() for x in s.sentinels} == {(LOOPBACK, s.master.port)}
+    assert all(0 < t < 30 for t in s.switch_times)

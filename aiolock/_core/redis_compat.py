@@ -222,7 +222,14 @@ async def _check_master(conn: SentinelManagedConnection) -> None:
     role = reply[0] if isinstance(reply, list) and reply else reply
     pool = conn.connection_pool
     if role in (b"master", "master"):
-        expected = _expected.get(pool.sentinel_manager, {}).get(pool.service_name)
+        manager = pool.sentinel_manager
+        expected = _expected.get(manager, {}).get(pool.service_name)
+        if expected is not None:
+            # (Sentinel(force_master_ip=...) connects to that address instead:
+            # a private attribute, read here only.)
+            forced = getattr(manager, "_force_master_ip", None)
+            if forced is not None:
+                expected = (forced, expected[1])
         if expected is None or (str(conn.host), int(conn.port)) == expected:
             return
         raise MasterChangedError(

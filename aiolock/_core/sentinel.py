@@ -22,8 +22,10 @@ go on granting locks there. So the ``SentinelWatch`` of the Engine:
   (the next one after a failure);
 
 and calls ``on_switch(reason)`` when the master named differs from the one
-it knew or from the one the last connect was sent to. The Engine then drops
-every connection it has and verifies every hold on the new master.
+it knew. The Engine then drops every connection it has and verifies every
+hold on the new master. Every connect meanwhile is refused unless it lands
+on the master the watch knows (``SentinelService.expect``): a lagging
+Sentinel may still name the old master, which answers ROLE master.
 """
 
 from __future__ import annotations
@@ -172,18 +174,18 @@ class SentinelWatch:
 
     def compare(self, address: Address, how: str) -> None:
         """A Sentinel named ``address`` the master: a switch if it is not the
-        master known so far, or not the one the last connect was sent to."""
+        master known so far. (A connect is refused unless it lands on the
+        master known: see ``SentinelService.expect``.)"""
         if self._closed:
             return
         known, self.known = self.known, address
         self.service.expect(address)
-        connected = self.service.master_address
-        if address != known or (connected is not None and connected != address):
-            was = connected if connected is not None and connected != address else known
+        if address != known:
             self.switches += 1
+            was = f"{known[0]}:{known[1]}" if known is not None else "unknown"
             self._on_switch(
                 f"{how} {address[0]}:{address[1]} the master of {self.service.name!r} "
-                f"(it was {was[0] if was else '?'}:{was[1] if was else '?'})"
+                f"(it was {was})"
             )
 
     async def aclose(self) -> None:
