@@ -20,7 +20,10 @@ This module wires the parts and routes by key; the parts live beside it:
   Engine attribute) and the verification of holds after a connection reset;
 * undo.py: ``Undo``, the undo of an acquire whose reply was lost (``undo``);
 * options.py: the Client's options (checked there once), ``Notify`` and
-  ``ClientStatistics``.
+  ``ClientStatistics``;
+* sentinel.py: ``SentinelWatch``, Sentinel mode (a ``Sentinel.master_for``
+  client): on a change of master every connection is dropped
+  (``_master_switched``) and every hold verified on the new master.
 
 The lower modules name what they need of the Engine as Protocols
 (``HoldOwner``, ``Verified``, ``Cleaner``, ``HoldEngine`` in lease.py,
