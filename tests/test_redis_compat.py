@@ -275,6 +275,7 @@ async def test_sentinel_managed_connections(sentinel_set: Any) -> None:
             finally:
                 await redis_compat.disconnect(sconn)
         # A master the Sentinels no longer name is refused like a replica.
+        service.expect(("127.0.0.1", sentinel_set.master.port))
         service.expect(("127.0.0.1", sentinel_set.replicas[0].port))
         conn = redis_compat.connection_factory(master, NAME)()
         try:

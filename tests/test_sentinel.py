@@ -270,12 +270,20 @@ async def test_readonly_is_retryable_and_followed(sentinel_set: SentinelSet) -> 
             # A wait rides it out as an outage, and says why it gave up.
             with pytest.raises(ConnectionFailedError, match="master changed"):
                 await client.lock("ro").acquire(timeout=0.5)
+            # An acquire cancelled while the Client looks for a master (the
+            # connect retries the role check) leaves nothing behind.
+            waiting = asyncio.create_task(client.lock("ro-cancelled").acquire(timeout=5))
+            await eventually(lambda: client.statistics().in_flight > 0, what="acquire sent")
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
             assert client.statistics().command_connects >= connects
         finally:
             with redis.Redis(LOOPBACK, master.port) as r:
                 r.execute_command("REPLICAOF", "NO", "ONE")
         await acquire_until(client, "ro", 5.0)
         await assert_clean(client)
+    assert not [k for k in keys_on(master) if b"ro-cancelled" in k and not k.endswith(b":fence")]
 
 
 # -- replicas=1 (needs the i12-replicas branch) -----------------------------------------------

@@ -117,11 +117,21 @@ def _new(cls: type[AbstractConnection], settings: dict[str, Any], name: str) -> 
     return cls(**kwargs)
 
 
-#: The master the watching Engine last heard the Sentinels name, per Sentinel
-#: manager and service: a connect that lands elsewhere (a lagging Sentinel
-#: named the old master, which stays a writable master for seconds after a
-#: manual failover) is refused like one on a replica.
-_expected: weakref.WeakKeyDictionary[Any, dict[str, tuple[str, int]]] = weakref.WeakKeyDictionary()
+#: Per Sentinel manager and service: the master the watching Engine last heard
+#: the Sentinels name, and the masters it saw replaced since. A connect that
+#: lands on a replaced one (a lagging Sentinel named the old master, which
+#: stays a writable master for seconds after a manual failover) is refused
+#: like one on a replica. (One the watch has not heard of yet is not: it is
+#: newer, and the watch's switch will follow.)
+_masters: weakref.WeakKeyDictionary[Any, dict[str, _Masters]] = weakref.WeakKeyDictionary()
+
+
+class _Masters:
+    __slots__ = ("current", "retired")
+
+    def __init__(self) -> None:
+        self.current: tuple[str, int] | None = None
+        self.retired: set[tuple[str, int]] = set()
 
 
 class SentinelService:
@@ -160,8 +170,13 @@ class SentinelService:
         return (host.decode() if isinstance(host, bytes) else str(host), int(port))
 
     def expect(self, address: tuple[str, int]) -> None:
-        """The Sentinels name ``address`` the master now: connects elsewhere are refused."""
-        _expected.setdefault(self.manager, {})[self.name] = address
+        """The Sentinels name ``address`` the master now: a connect to a master
+        they named before it is refused (see ``_masters``)."""
+        masters = _masters.setdefault(self.manager, {}).setdefault(self.name, _Masters())
+        if masters.current is not None and masters.current != address:
+            masters.retired.add(masters.current)
+        masters.retired.discard(address)
+        masters.current = address
 
     async def aclose(self) -> None:
         """Close the Sentinels' clients (not the master's)."""
@@ -223,18 +238,20 @@ async def _check_master(conn: SentinelManagedConnection) -> None:
     pool = conn.connection_pool
     if role in (b"master", "master"):
         manager = pool.sentinel_manager
-        expected = _expected.get(manager, {}).get(pool.service_name)
-        if expected is not None:
-            # (Sentinel(force_master_ip=...) connects to that address instead:
-            # a private attribute, read here only.)
-            forced = getattr(manager, "_force_master_ip", None)
-            if forced is not None:
-                expected = (forced, expected[1])
-        if expected is None or (str(conn.host), int(conn.port)) == expected:
+        masters = _masters.get(manager, {}).get(pool.service_name)
+        # (Sentinel(force_master_ip=...) connects to that address, whatever
+        # the Sentinels name: no telling masters apart. A private attribute.)
+        if (
+            masters is None
+            or masters.current is None
+            or getattr(manager, "_force_master_ip", None) is not None
+            or (str(conn.host), int(conn.port)) not in masters.retired
+        ):
             return
+        current = masters.current
         raise MasterChangedError(
             f"READONLY {conn.host}:{conn.port} says it is a master, but the Sentinels "
-            f"now name {expected[0]}:{expected[1]} the master of {pool.service_name!r} "
+            f"now name {current[0]}:{current[1]} the master of {pool.service_name!r} "
             "(it is the old master of a failover)"
         )
     if isinstance(role, bytes):
