@@ -99,6 +99,9 @@ async def test_master_for_and_from_sentinel_basics(sentinel_set: SentinelSet) ->
             await a.lock("x").release()
             assert held.fencing_token > 0
             await assert_clean(a, b)
+        # Client(redis) leaves the user's client (and its Sentinels) open.
+        assert await master.ping()
+        assert await sentinel.sentinels[0].ping()
     finally:
         await master.aclose()
         await sentinel.aclose()

@@ -312,8 +312,6 @@ class Engine:
             # First: a mode switch under way would install connections after
             # the ones below were closed.
             await stop(self._settling)
-            if self._watch is not None:
-                await self._watch.aclose()
             await self._verifier.aclose()
             await self.watchdog.aclose()
             await self.listener.aclose()
@@ -322,6 +320,8 @@ class Engine:
             await self.mux.aclose()
             await self.renew_mux.aclose()
         await stop(self._settling)
+        if self._watch is not None:  # (a switch it reports now finds the Client closed)
+            await self._watch.aclose()
         if self.topology is not None:
             await self.topology.aclose()
         if self.owns_redis:
