@@ -54,6 +54,19 @@ def keys_on(node: ServerProcess) -> list[bytes]:
         return sorted(r.keys("st:*"))
 
 
+def connected_to(node: ServerProcess, *clients: Client) -> list[str]:
+    """The names of the Clients' connections the server ``node`` has."""
+    names = {f"aiolock:{c.id[:12]}" for c in clients}
+    with redis.Redis(LOOPBACK, node.port, socket_timeout=5) as r:
+        return [c["name"] for c in r.client_list() if c["name"] in names]
+
+
+def role_and_keys(node: ServerProcess) -> tuple[bool, list[bytes]]:
+    """Whether ``node`` says it is a master, and its keys (asked in that order)."""
+    master = SentinelSet.role(node) == "master"
+    return master, keys_on(node)
+
+
 async def acquire_until(client: Client, name: str, bound: float) -> float:
     """Try to acquire ``name`` until it works (riding out the failover);
     returns the loop time it succeeded; fails after ``bound`` seconds."""
@@ -160,7 +173,7 @@ async def test_kill_master(sentinel_set: SentinelSet) -> None:
         waiters = [asyncio.create_task(b.lock("held").acquire(timeout=30)) for _ in range(3)]
         cancelled = asyncio.create_task(b.lock("other-held").acquire(timeout=30))
         other = await a.lock("other-held").acquire()
-        await asyncio.sleep(0.1)  # the waiters are parked
+        await eventually(lambda: b.statistics().waiting == 4, what="the waiters parked")
         old = await asyncio.to_thread(s.kill_master)
         killed_at = asyncio.get_running_loop().time()
         cancelled.cancel()
@@ -168,7 +181,8 @@ async def test_kill_master(sentinel_set: SentinelSet) -> None:
         done = await acquire_until(a, "fresh", s.switch_bound + 1.0 + 1.0)
         KILL_TO_ACQUIRE.append(done - killed_at)
         took = done - killed_at
-        assert took <= s.switch_times[-1] + 1.0 + 1.0, (took, s.switch_times)
+        # The issue's bound: the failover (as the harness measured it) plus 1 s.
+        assert took <= s.switch_times[-1] + 1.0, (took, s.switch_times)
         # The holder: kept (the new master had it) or told it lost it.
         lost.set()
         outcome = await asyncio.wait_for(holder, 10)
@@ -208,6 +222,8 @@ async def test_manual_failover_stops_granting_on_old_master(sentinel_set: Sentin
         for i in range(20):
             lock = client.lock(f"after-{i}")
             await lock.acquire(timeout=10)
+            if i == 0:
+                assert b"st:{after-0}" in keys_on(new)  # granted on the new master
             await lock.release()
         # The hold taken before the switch was verified on the new master (kept there).
         await client.lock("before").release()
@@ -215,11 +231,8 @@ async def test_manual_failover_stops_granting_on_old_master(sentinel_set: Sentin
         # No connection of this Client is left on the old master, and while it
         # is still a master (not yet demoted: then it copies the new one's
         # keys) it has none of the locks taken after the switch.
-        with redis.Redis(LOOPBACK, old.port) as r:
-            names = [c["name"] for c in r.client_list()]
-            still_master = SentinelSet.role(old) == "master"
-            after = keys_on(old)
-        assert f"aiolock:{client.id[:12]}" not in names, names
+        assert not connected_to(old, client)
+        still_master, after = role_and_keys(old)
         if still_master:
             assert after == before_old, "something was written on the old master"
 
@@ -234,7 +247,7 @@ async def test_pause_master(sentinel_set: SentinelSet) -> None:
     ):
         held = await a.lock("p").acquire()
         waiter = asyncio.create_task(b.lock("p").acquire(timeout=30))
-        await asyncio.sleep(0.1)
+        await eventually(lambda: b.statistics().waiting == 1, what="the waiter parked")
         old = await asyncio.to_thread(s.pause_master)
         try:
             await asyncio.to_thread(s.wait_for_switch, old)
@@ -247,7 +260,12 @@ async def test_pause_master(sentinel_set: SentinelSet) -> None:
             await held.release()
         for i in range(5):
             await acquire_until(b, f"after-{i}", 5.0)
-        assert not any(k.startswith(b"st:{after-") for k in keys_on(old))
+        # Nothing of the Clients on the stale master (unless it was demoted
+        # meanwhile: then it copies the new master's keys).
+        assert not connected_to(old, a, b)
+        still_master, keys = role_and_keys(old)
+        if still_master:
+            assert not any(k.startswith(b"st:{after-") for k in keys)
 
 
 # -- READONLY ------------------------------------------------------------------------------
