@@ -30,6 +30,7 @@ the script runner to reload the script (see ``Engine.eval``).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -399,6 +400,11 @@ def pack(args: tuple[Any, ...]) -> bytes:
     return b"".join(parts)
 
 
+#: A replica's refusal of a write: the reply's code, or inside a script's
+#: error ("ERR Error running script ...: -READONLY You can't write...").
+_READONLY = re.compile(r"(?:^|-)READONLY\b")
+
+
 def _error(reply: Exception, redirects: bool = True, sentinel: bool = False) -> Exception:
     """The exception for an error reply: NoScriptError (the script runner's
     business), ServerUnavailableError for a server that cannot serve for a
@@ -410,7 +416,7 @@ def _error(reply: Exception, redirects: bool = True, sentinel: bool = False) -> 
     message = str(reply)
     if message.startswith("NOSCRIPT"):
         return NoScriptError(message)
-    if sentinel and message.startswith("READONLY"):
+    if sentinel and _READONLY.search(message):
         changed = MasterChangedError(f"{message} (the server was made a replica)")
         failed = from_redis(changed)
         failed.__cause__ = changed
