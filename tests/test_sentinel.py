@@ -135,6 +135,35 @@ async def test_from_sentinel_bad_arguments_before_io() -> None:
         Client.from_sentinel([("127.0.0.1", 26379)], SERVICE, sentinel_password=5)  # type: ignore[arg-type]
 
 
+async def test_cancel_while_settling(sentinel_set: SentinelSet) -> None:
+    """An acquire cancelled at each loop turn of a fresh Client's first use (the
+    Sentinels asked, the master found and its role checked, the script sent)
+    leaves nothing behind, and the next acquire works."""
+    s = sentinel_set
+    granted = 0
+    for turns in range(0, 200, 5):
+        async with sentinel_client(s) as client:
+            task = asyncio.create_task(client.lock(f"c{turns}").acquire(timeout=5))
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            task.cancel()
+            try:
+                lease = await task
+            except asyncio.CancelledError:
+                pass
+            else:  # granted before the cancel: it is held
+                granted += 1
+                await lease.release()
+            await acquire_until(client, f"c{turns}", 5.0)
+            await assert_clean(client)
+        if granted == 2:
+            break
+    assert granted, "every acquire was cancelled: cancel later"
+    await eventually(
+        lambda: all(k.endswith(b":fence") for k in keys_on(s.master)), what="nothing left"
+    )
+
+
 async def test_unknown_service_names_it(sentinel_set: SentinelSet) -> None:
     async with Client.from_sentinel(sentinel_set.sentinel_addresses, "no-such-svc") as client:
         with pytest.raises(InvalidArgumentError, match="no-such-svc"):
@@ -243,7 +272,8 @@ async def test_pause_master(sentinel_set: SentinelSet) -> None:
     s = sentinel_set
     async with (
         sentinel_client(s, lease=3.0, command_timeout=1.5) as a,
-        sentinel_client(s, lease=3.0, command_timeout=1.5) as b,
+        # The waiter waits on BLPOP (notify="list"): its connection follows too.
+        sentinel_client(s, lease=3.0, command_timeout=1.5, notify="list") as b,
     ):
         held = await a.lock("p").acquire()
         waiter = asyncio.create_task(b.lock("p").acquire(timeout=30))
