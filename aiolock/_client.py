@@ -35,6 +35,9 @@ from ._primitives.spin import SpinLock
 
 __all__ = ["Client", "ClientStatistics", "Notify"]
 
+#: ``from_sentinel``: the socket timeouts of each question to a Sentinel, in seconds.
+SENTINEL_TIMEOUT = 2.0
+
 
 class Client:
     """One Client per event loop: the connection, listener and watchdog of aiolock.
@@ -193,12 +196,24 @@ class Client:
         ``sentinel_ssl``: the Sentinels' own. The other options are
         ``Client``'s.
 
-        The master is asked of the Sentinels on the first connect and again
-        whenever it stops being the master (a failover): a ``READONLY`` reply,
-        a lost connection, a role other than master on reconnect, or the
-        Sentinels' ``+switch-master``. Holds are then verified on the new
-        master (see "Surviving a failover" in the README). Bad arguments raise
-        ``InvalidArgumentError`` / ``InvalidArgumentTypeError`` here, before any I/O.
+        The master is asked of the Sentinels on every connect, and each
+        connection checks that the server says it is the master (ROLE). The
+        Client follows a failover: a ``READONLY`` reply (that command fails
+        with ``ServerUnavailableError``, code ``READONLY``: retryable, waits
+        ride it out), a lost connection, or a change of the master the
+        Sentinels name (their ``+switch-master``, watched on one Sentinel, and
+        asked every watchdog round, at most 2 s apart) drops every connection;
+        the next ones go to the new master, and every hold is verified there
+        (a hold it lacks is lost: ``LockLostError`` in ``async with``, the
+        ``on_lost`` callbacks). The old master of a manual failover stays a
+        writable master for seconds: nothing is granted there once the
+        Sentinels switched. Each question to a Sentinel times out after 2 s.
+        The same holds for ``Client(Sentinel(...).master_for(service))``.
+
+        Bad arguments raise ``InvalidArgumentError`` /
+        ``InvalidArgumentTypeError`` here, before any I/O; a service the
+        Sentinels do not monitor raises ``InvalidArgumentError`` (naming it)
+        at the first use.
         """
         pairs = check_sentinels(sentinels)
         if not isinstance(service, str) or not service:
@@ -228,6 +243,10 @@ class Client:
                 kwargs["ssl"] = True
         if isinstance(db, bool) or not isinstance(db, int) or db < 0:
             raise InvalidArgumentTypeError(f"db must be an int >= 0, got {db!r}")
+        # A Sentinel that stops answering (paused, black-holed) must not stall
+        # discovery: redis-py asks the Sentinels in turn, each within this.
+        sentinel_kwargs.setdefault("socket_timeout", SENTINEL_TIMEOUT)
+        sentinel_kwargs.setdefault("socket_connect_timeout", SENTINEL_TIMEOUT)
         sentinel = aioredis.Sentinel(  # type: ignore[no-untyped-call]
             pairs, sentinel_kwargs=sentinel_kwargs, **master_kwargs
         )

@@ -468,3 +468,59 @@ def replicated_pair(_replicated_pairs: ReplicatedPair) -> ReplicatedPair:
 
 
 # ------------------------------------------------------- end of replicated pairs
+
+
+# ----------------------------------------------------------------- sentinel (i12-sentinel)
+# The Sentinel set fixtures: tests/sentinel_servers.py.
+
+
+class _SentinelPool:
+    """One shared Sentinel set per backend, started on first use, stopped at session end."""
+
+    def __init__(self) -> None:
+        self._sets: dict[ServerKind, Any] = {}
+
+    def get(self, kind: ServerKind) -> Any:
+        from tests.sentinel_servers import SentinelSet
+
+        if kind not in self._sets:
+            _require_cluster_mode()  # local processes only, as a cluster
+            sentinel_set = SentinelSet(kind, _require_binary(kind))
+            sentinel_set.start()
+            self._sets[kind] = sentinel_set
+        return self._sets[kind]
+
+    def close(self) -> None:
+        sets, self._sets = self._sets, {}
+        for sentinel_set in sets.values():
+            sentinel_set.stop()
+
+
+@pytest.fixture(scope="session")
+def _sentinel_pool() -> Iterator[_SentinelPool]:
+    pool = _SentinelPool()
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="session", params=_kind_params())
+def _shared_sentinel_set(request: pytest.FixtureRequest, _sentinel_pool: _SentinelPool) -> Any:
+    kind: ServerKind = request.param
+    return _sentinel_pool.get(kind)
+
+
+@pytest.fixture
+def sentinel_set(_shared_sentinel_set: Any) -> Iterator[Any]:
+    """The shared Sentinel set of one backend (params: redis, valkey): 1 master,
+    2 replicas, 3 Sentinels (``tests.sentinel_servers.SentinelSet``). Healthy
+    and flushed before each test; healed after it (faults are allowed: a killed
+    node comes back as a replica)."""
+    _shared_sentinel_set.heal()
+    _shared_sentinel_set.flushall()
+    yield _shared_sentinel_set
+    _shared_sentinel_set.heal()
+
+
+# ----------------------------------------------------------------- end sentinel

@@ -219,3 +219,71 @@ async def test_cluster_discovery_and_node_connections(cluster: Any) -> None:
             await asyncio.wait_for(redis_compat.disconnect(conn), 5)
     finally:
         await seed.aclose()
+
+
+# -- Sentinel mode (i12-sentinel) ---------------------------------------------------------
+
+
+async def test_sentinel_managed_connections(sentinel_set: Any) -> None:
+    """A ``Sentinel(...).master_for(service)`` client: its pool is a
+    ``SentinelConnectionPool`` with public ``service_name``,
+    ``sentinel_manager`` (its ``sentinels``: one Redis per Sentinel, their
+    ``connection_kwargs`` with host and port) and ``master_address``; its
+    ``connection_kwargs`` carry the pool, which a ``SentinelManagedConnection``
+    asks for the master on ``connect()``; ``send_command``/``read_response``
+    run ROLE before the takeover; ``Sentinel.aclose()`` closes the Sentinels'
+    clients."""
+    from redis.asyncio.sentinel import SentinelConnectionPool, SentinelManagedConnection
+
+    sentinel = aioredis.Sentinel(sentinel_set.sentinel_addresses)  # type: ignore[no-untyped-call]
+    master = sentinel.master_for(sentinel_set.service)
+    try:
+        pool = master.connection_pool
+        assert isinstance(pool, SentinelConnectionPool), f"{REDIS_PY}: {type(pool)}"
+        assert "connection_pool" in pool.connection_kwargs, REDIS_PY
+        service = redis_compat.sentinel_service(master)
+        assert service is not None
+        assert service.name == sentinel_set.service
+        assert service.master_address is None  # no connect yet
+        assert sorted(service.addresses) == sorted(
+            f"{h}:{p}" for h, p in sentinel_set.sentinel_addresses
+        ), REDIS_PY
+        conn = redis_compat.connection_factory(master, NAME)()
+        assert isinstance(conn, SentinelManagedConnection), REDIS_PY
+        try:
+            transport = await redis_compat.connect(conn)  # asks the Sentinels, checks ROLE
+            assert (conn.host, conn.port) == ("127.0.0.1", sentinel_set.master.port)
+            assert service.master_address == ("127.0.0.1", sentinel_set.master.port), REDIS_PY
+            replies = Replies()
+            transport.set_protocol(replies)
+            transport.write(pack((b"ROLE",)))
+            assert (await replies.next())[0] == b"master"
+        finally:
+            await redis_compat.disconnect(conn)
+        # One factory per Sentinel: plain connections that run SENTINEL commands.
+        for factory in service.factories(NAME):
+            sconn = factory()
+            try:
+                transport = await redis_compat.connect(sconn)
+                replies = Replies()
+                transport.set_protocol(replies)
+                transport.write(
+                    pack((b"SENTINEL", b"get-master-addr-by-name", service.name.encode()))
+                )
+                _, port = await replies.next()
+                assert int(port) == sentinel_set.master.port
+            finally:
+                await redis_compat.disconnect(sconn)
+        # A master the Sentinels no longer name is refused like a replica.
+        service.expect(("127.0.0.1", sentinel_set.master.port))
+        service.expect(("127.0.0.1", sentinel_set.replicas[0].port))
+        conn = redis_compat.connection_factory(master, NAME)()
+        try:
+            with pytest.raises(redis_compat.NOT_MASTER, match="now name"):
+                await redis_compat.connect(conn)
+        finally:
+            service.expect(("127.0.0.1", sentinel_set.master.port))
+            await redis_compat.disconnect(conn)
+    finally:
+        await master.aclose()
+        await sentinel.aclose()

@@ -30,6 +30,7 @@ the script runner to reload the script (see ``Engine.eval``).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -47,6 +48,7 @@ from .dialer import Dialer, Link
 from .errors import (
     ClientClosedError,
     ConnectionFailedError,
+    MasterChangedError,
     ServerRefusedError,
     ServerUnavailableError,
     UnsupportedServerError,
@@ -114,13 +116,19 @@ class CommandConnection:
         on_connect: Callable[[], Iterable[tuple[Any, ...]]] = tuple,
         on_reset: Callable[[], None] | None = None,
         redirects: bool = False,
+        sentinel: bool = False,
     ) -> None:
+        # sentinel: the server is a master named by Sentinels: a READONLY
+        # reply says it was demoted (a failover): that command fails with a
+        # retryable ServerUnavailableError (code READONLY), and the connection
+        # is dropped, so that the next one asks the Sentinels for the master.
         # on_reset: called when an established connection is lost (not on
         # close): the server behind the next one may have lost every key.
         # redirects: a cluster node's lane (cluster.py follows MOVED and ASK);
         # standalone, a MOVED or ASK reply means the server is a cluster node
         # this Client was told is not one: UnsupportedServerError.
         self.redirects = redirects
+        self.sentinel = sentinel
         self.dialer = Dialer(factory, on_reset=on_reset)
         self._command_timeout = command_timeout
         self._on_connect = on_connect
@@ -312,6 +320,13 @@ class CommandConnection:
             self._closers.add(task)
             task.add_done_callback(self._closers.discard)
 
+    def reset(self, reason: str) -> None:
+        """Drop the connection (if any) as if it were lost: pending commands
+        fail with ConnectionFailedError, the owner's ``on_reset`` runs, and the
+        next command connects again (Sentinel mode: to the master named now)."""
+        if self._link is not None:
+            self._drop(RedisConnectionError(reason))
+
     async def drain(self, seconds: float) -> None:
         """Wait until every command submitted so far is answered, at most ``seconds``."""
         loop = asyncio.get_running_loop()
@@ -385,7 +400,12 @@ def pack(args: tuple[Any, ...]) -> bytes:
     return b"".join(parts)
 
 
-def _error(reply: Exception, redirects: bool = True) -> Exception:
+#: A replica's refusal of a write: the reply's code, or inside a script's
+#: error ("ERR Error running script ...: -READONLY You can't write...").
+_READONLY = re.compile(r"(?:^|-)READONLY\b")
+
+
+def _error(reply: Exception, redirects: bool = True, sentinel: bool = False) -> Exception:
     """The exception for an error reply: NoScriptError (the script runner's
     business), ServerUnavailableError for a server that cannot serve for a
     while (LOADING, BUSY, MASTERDOWN, TRYAGAIN: retried like an outage; MOVED,
@@ -396,6 +416,11 @@ def _error(reply: Exception, redirects: bool = True) -> Exception:
     message = str(reply)
     if message.startswith("NOSCRIPT"):
         return NoScriptError(message)
+    if sentinel and _READONLY.search(message):
+        changed = MasterChangedError(f"{message} (the server was made a replica)")
+        failed = from_redis(changed)
+        failed.__cause__ = changed
+        return failed
     if not redirects and message.startswith(("MOVED ", "ASK ")):
         error: Exception = UnsupportedServerError(
             f"this server is a Redis Cluster node: it answered {message!r} (the key is "
@@ -433,7 +458,14 @@ class _ReplyProtocol(asyncio.Protocol):
             if reply is False:
                 return
             if isinstance(reply, hiredis.ReplyError):
-                owner._deliver(None, _error(reply, owner.redirects))
+                error = _error(reply, owner.redirects, owner.sentinel)
+                owner._deliver(None, error)
+                if isinstance(error, ServerUnavailableError) and error.code == "READONLY":
+                    # A demoted master: the rest of its replies are not wanted
+                    # (their commands fail as on a lost connection), and the
+                    # next connect asks the Sentinels for the master.
+                    owner._drop(RedisConnectionError(str(reply)), self._link)
+                    return
             else:
                 owner._deliver(reply, None)
 

@@ -81,19 +81,39 @@ class Dialer:
 
     async def open(self, protocol: Callable[[Link], asyncio.Protocol], timeout: float) -> Link:
         """Connect a new connection, handshake included, within ``timeout``
-        seconds, and read it with ``protocol(link)`` from now on."""
-        conn = self._factory()
-        try:
-            async with asyncio.timeout(timeout):
-                transport = await redis_compat.connect(conn)
-        except BaseException as exc:
-            with contextlib.suppress(Exception):
-                await redis_compat.disconnect(conn)
-            if isinstance(exc, TimeoutError):
-                raise RedisConnectionError(
-                    f"could not connect to Redis within {timeout:g} s"
-                ) from None
-            raise
+        seconds, and read it with ``protocol(link)`` from now on.
+
+        Sentinel mode: while the Sentinels name no master, or name one that
+        says it is not (``redis_compat.NOT_MASTER``: a failover under way),
+        it tries again after a short backoff (50 ms doubling to 500 ms), and
+        raises that error if no master was reached within ``timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        delay = 0.05
+        not_master: BaseException | None = None
+        while True:
+            conn = self._factory()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    transport = await redis_compat.connect(conn)
+                break
+            except BaseException as exc:
+                with contextlib.suppress(Exception):
+                    await redis_compat.disconnect(conn)
+                if isinstance(exc, redis_compat.NOT_MASTER):
+                    not_master = exc
+                    if loop.time() + delay < deadline:
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 0.5)
+                        continue
+                    raise
+                if isinstance(exc, TimeoutError):
+                    if not_master is not None:
+                        raise not_master from None
+                    raise RedisConnectionError(
+                        f"could not connect to Redis within {timeout:g} s"
+                    ) from None
+                raise
         link = Link(conn, transport)
         # No await from here to the caller: the protocol sees every byte, and
         # the caller records the link before any of its callbacks can run.

@@ -20,7 +20,10 @@ This module wires the parts and routes by key; the parts live beside it:
   Engine attribute) and the verification of holds after a connection reset;
 * undo.py: ``Undo``, the undo of an acquire whose reply was lost (``undo``);
 * options.py: the Client's options (checked there once), ``Notify`` and
-  ``ClientStatistics``.
+  ``ClientStatistics``;
+* sentinel.py: ``SentinelWatch``, Sentinel mode (a ``Sentinel.master_for``
+  client): on a change of master every connection is dropped
+  (``_master_switched``) and every hold verified on the new master.
 
 The lower modules name what they need of the Engine as Protocols
 (``HoldOwner``, ``Verified``, ``Cleaner``, ``HoldEngine`` in lease.py,
@@ -60,9 +63,10 @@ from .listener import Channel, Listener
 from .notify import ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
 from .options import ClientStatistics, Notify, Options
 from .owner import task_serial
-from .redis_compat import ConnectionFactory, connection_factory
+from .redis_compat import ConnectionFactory, SentinelService, connection_factory, sentinel_service
 from .replication import AckedConnection, Acknowledgement, Unacknowledged, acked_node
 from .scripts import Script, load_scripts
+from .sentinel import SentinelWatch
 from .undo import Call, OnReply, Undo
 from .validate import to_ms
 from .verifier import Verifier
@@ -132,6 +136,14 @@ class Engine:
         self._redis = redis
         if isinstance(redis, RedisCluster):
             cluster = True
+        #: Sentinel mode: the service whose master the Sentinels name (a
+        #: ``Sentinel.master_for`` client); None otherwise. See sentinel.py.
+        self.sentinel: SentinelService | None = (
+            sentinel_service(redis) if isinstance(redis, aioredis.Redis) else None
+        )
+        self._watch: SentinelWatch | None = None
+        if self.sentinel is not None:
+            cluster = False  # a Sentinel's master is a standalone server
         #: True in cluster mode, False standalone, None until the first use finds out.
         self.cluster: bool | None = cluster
         self._cluster_client = redis if isinstance(redis, RedisCluster) else None
@@ -139,7 +151,7 @@ class Engine:
         self.topology: Topology | None = None
         # Until the mode is known: the first command waits for it (_settle).
         self._settling: asyncio.Task[None] | None = None
-        self._settled = cluster is False
+        self._settled = cluster is False and self.sentinel is None
         # Every connection of this Client is made by it (see Dialer): the
         # redis client's settings, named after this Client on the server.
         self._client_name = f"aiolock:{self.id[:12]}"
@@ -185,6 +197,7 @@ class Engine:
             command_timeout=self.command_timeout,
             on_connect=self._preload,
             on_reset=self._verifier.connection_reset,
+            sentinel=self.sentinel is not None,
         )
         # The watchdog's own lane: renewals never queue behind a burst of
         # acquires and releases on the main connection (connected on first use).
@@ -196,7 +209,11 @@ class Engine:
         self.listener: Listener | ShardedListener = Listener(
             self._new_connection, on_reset=self._verifier.connection_reset
         )
-        self.signals = SignalHub(self._new_connection, command_timeout=self.command_timeout)
+        self.signals = SignalHub(
+            self._new_connection,
+            command_timeout=self.command_timeout,
+            sentinel=self.sentinel is not None,
+        )
         # Tasks parked in Redis-side waits of primitives without a LocalQueue.
         self.parked = 0
         self._attempts = 0
@@ -220,6 +237,7 @@ class Engine:
                 command_timeout=self.command_timeout,
                 on_connect=self._preload,
                 on_reset=self._verifier.connection_reset,
+                sentinel=self.sentinel is not None,
             )
         return AckedConnection(
             self._new_connection,
@@ -228,6 +246,7 @@ class Engine:
             command_timeout=self.command_timeout,
             on_connect=self._preload,
             on_reset=self._verifier.connection_reset,
+            sentinel=self.sentinel is not None,
         )
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -329,10 +348,14 @@ class Engine:
             if self.acked_lane is not None:
                 await self.acked_lane.aclose()
         await stop(self._settling)
+        if self._watch is not None:  # (a switch it reports now finds the Client closed)
+            await self._watch.aclose()
         if self.topology is not None:
             await self.topology.aclose()
         if self.owns_redis:
             await self._redis.aclose()
+            if self.sentinel is not None:  # from_sentinel: the Sentinels' clients too
+                await self.sentinel.aclose()
         if self.owns_cluster_client and self._cluster_client is not None:
             await self._cluster_client.aclose()
 
@@ -453,6 +476,10 @@ class Engine:
         await asyncio.shield(task)
 
     async def _set_mode(self) -> None:
+        if self.sentinel is not None:
+            await self._start_sentinel()
+            self._settled = True
+            return
         if self.cluster is None:
             try:
                 info = await self.mux.call(b"INFO", b"cluster")
@@ -568,6 +595,40 @@ class Engine:
             ),
         )
         await old_signals.aclose()
+
+    async def _start_sentinel(self) -> None:
+        """Sentinel mode: check that the Sentinels know the service, then watch
+        them for a change of master (``SentinelWatch``)."""
+        assert self.sentinel is not None
+        watch = SentinelWatch(
+            self.sentinel,
+            client_name=self._client_name,
+            command_timeout=self.command_timeout,
+            interval=self.watchdog.interval,
+            on_switch=self._master_switched,
+        )
+        try:
+            await watch.start()
+        except BaseException:
+            await watch.aclose()
+            raise
+        self._watch = watch
+
+    def _master_switched(self, reason: str) -> None:
+        """The Sentinels name another master: drop every connection (each
+        reconnects to the master named now) and verify every hold there (a
+        hold the new master lacks is lost). The old master may stay a
+        writable master for seconds: nothing may be granted there any more."""
+        if self.closed:
+            return
+        log.warning("aiolock: %s; following the new master (every hold is verified there)", reason)
+        for lane in (self.mux, self.renew_mux, self.acked_lane):
+            if isinstance(lane, CommandConnection):
+                lane.reset(f"the master changed: {reason}")
+        if isinstance(self.listener, Listener):
+            self.listener.reset()
+        self.signals.reset(f"the master changed: {reason}")
+        self._verifier.connection_reset()
 
     def _preload(self) -> list[tuple[Any, ...]]:
         return [(b"SCRIPT", b"LOAD", s.source) for s in self.scripts.values()]

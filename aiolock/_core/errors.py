@@ -8,6 +8,7 @@ from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
     BusyLoadingError,
+    ReadOnlyError,
     RedisError,
     ResponseError,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "LockNotOwnedError",
     "LockTimeoutError",
     "LockUpgradeError",
+    "MasterChangedError",
     "ReplicationError",
     "ServerRefusedError",
     "ServerUnavailableError",
@@ -235,6 +237,14 @@ UNAVAILABLE_CODES = frozenset(
 )
 
 
+class MasterChangedError(ReadOnlyError):
+    """Sentinel mode (not an AiolockError: redis-py's kind of exception, which
+    ``from_redis`` turns into a ServerUnavailableError with code READONLY):
+    the server this Client reached is not the master any more (a ``READONLY``
+    reply, or a ROLE other than master after connecting). The command did
+    not run; the next connection asks the Sentinels for the master again."""
+
+
 def from_redis(exc: BaseException) -> AiolockError:
     """The AiolockError for an exception from redis-py or the connection layer.
 
@@ -245,7 +255,15 @@ def from_redis(exc: BaseException) -> AiolockError:
         return exc
     message = (str(exc) or type(exc).__name__).rstrip(". ")
     error: AiolockError
-    if isinstance(exc, AuthenticationError | AuthorizationError):
+    if isinstance(exc, MasterChangedError):
+        error = ServerUnavailableError(
+            f"the master changed (a Sentinel failover): {message}. The Client drops its "
+            "connections and follows the master the Sentinels name now; the command did "
+            "not run, and aiolock retries it where it rides out an outage (waits, "
+            "releases, renewals).",
+            "READONLY",
+        )
+    elif isinstance(exc, AuthenticationError | AuthorizationError):
         code = "NOAUTH" if "NOAUTH" in message or "required" in message else "WRONGPASS"
         error = ServerRefusedError(
             f"Redis refused the connection ({code}): {message}. {_ADVICE[code]}.", code

@@ -364,6 +364,13 @@ class Listener:
         """Channels some task waits on right now (lingering ones not counted)."""
         return sum(1 for channel in self._channels.values() if channel.refs > 0)
 
+    def reset(self) -> None:
+        """Drop the connection as if it were lost: the listener reconnects
+        (Sentinel mode: to the master named now) and resubscribes."""
+        link = self._link
+        if link is not None:
+            link.abort()
+
     async def aclose(self) -> None:
         self._closed = True
         for channel in self._channels.values():

@@ -131,11 +131,12 @@ class PollWaiter:
 
 
 class _Signal:
-    __slots__ = ("channel", "task")
+    __slots__ = ("channel", "conn", "task")
 
     def __init__(self, key: bytes) -> None:
         self.channel = Channel(key)
         self.task: asyncio.Task[None] | None = None
+        self.conn: CommandConnection | None = None  # its BLPOP connection, once made
 
 
 class SignalHub:
@@ -151,12 +152,14 @@ class SignalHub:
         command_timeout: float = 10.0,
         factory_for: Callable[[bytes], ConnectionFactory] | None = None,
         on_failure: Callable[[], None] | None = None,
+        sentinel: bool = False,
     ) -> None:
         # factory_for (cluster mode): the connections to the master of a
         # key's slot, asked again after each failed BLPOP (a failover, a move).
         self._factory = factory
         self._factory_for = factory_for
         self._on_failure = on_failure
+        self._sentinel = sentinel  # READONLY drops the connection (see CommandConnection)
         # A BLPOP answers within BLOCK seconds (nil if nothing came): a connection
         # silent for command_timeout more is gone.
         self._command_timeout = self.BLOCK + command_timeout
@@ -175,7 +178,7 @@ class SignalHub:
         if signal is None:
             signal = self._signals[key] = _Signal(key)
             signal.task = asyncio.get_running_loop().create_task(
-                self._pump(key, signal.channel),
+                self._pump(key, signal),
                 name=f"aiolock-blpop-{key.decode(errors='replace')}",
             )
         signal.channel.refs += 1
@@ -191,7 +194,9 @@ class SignalHub:
             if signal.task is not None:
                 signal.task.cancel()
 
-    async def _pump(self, key: bytes, channel: Channel) -> None:
+    async def _pump(self, key: bytes, signal: _Signal) -> None:
+        channel = signal.channel
+
         def connected() -> tuple[()]:
             self.connects += 1
             channel.wake_all()  # pushes may have been missed while away
@@ -199,11 +204,12 @@ class SignalHub:
 
         factory_for = self._factory_for
         factory = self._factory if factory_for is None else factory_for(key)
-        conn = CommandConnection(
+        conn = signal.conn = CommandConnection(
             factory,
             command_timeout=self._command_timeout,
             on_connect=connected,
             redirects=factory_for is not None,
+            sentinel=self._sentinel,
         )
         dialer = conn.dialer
         try:
@@ -221,7 +227,7 @@ class SignalHub:
                         # Cluster mode: the key's slot has another master now.
                         await conn.aclose()
                         factory = factory_for(key)
-                        conn = CommandConnection(
+                        conn = signal.conn = CommandConnection(
                             factory,
                             command_timeout=self._command_timeout,
                             on_connect=connected,
@@ -235,6 +241,12 @@ class SignalHub:
                     channel.wake(reply[1])
         finally:
             await conn.aclose()
+
+    def reset(self, reason: str) -> None:
+        """Drop every BLPOP connection as if it were lost (they reconnect)."""
+        for signal in self._signals.values():
+            if signal.conn is not None:
+                signal.conn.reset(reason)
 
     async def aclose(self) -> None:
         self._closed = True

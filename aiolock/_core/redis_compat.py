@@ -17,6 +17,16 @@ The contact:
   then the **private** ``_writer`` attribute gives the transport. This is the
   one place that reads a private attribute of redis-py;
 * ``disconnect``: ``AbstractConnection.disconnect(nowait=True)`` (public).
+* Sentinel mode (``SentinelService``): a ``redis.asyncio.Sentinel(...).
+  master_for(service)`` client's pool is a ``SentinelConnectionPool``
+  (public class) whose ``service_name``, ``sentinel_manager`` (its
+  ``sentinels``: one ``Redis`` per Sentinel) and ``master_address`` (the
+  master its last connect was sent to) are public attributes, and whose
+  ``connection_kwargs`` carry ``connection_pool``: a
+  ``SentinelManagedConnection`` asks that pool (so the Sentinels) for the
+  master's address on every ``connect()``, so it must be kept. ``connect``
+  checks such a connection's ROLE after the handshake (a Sentinel may name
+  a master that has just been demoted, or not yet be told of a failover).
 
 ``tests/test_redis_compat.py`` checks each of these against real servers, so
 that a redis-py release that changes one fails there, naming it, rather than
@@ -26,23 +36,39 @@ somewhere deep in a lock test.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.sentinel import (
+    MasterNotFoundError,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
+
+from .errors import MasterChangedError
 
 __all__ = [
+    "NOT_MASTER",
     "ConnectionFactory",
+    "SentinelService",
     "connect",
     "connection_factory",
     "disconnect",
     "node_connection_factory",
+    "sentinel_service",
 ]
+
+#: What a Sentinel-managed connect raises while no master can be reached
+#: *as a master* (the Sentinels name none, or name one that says it is a
+#: replica): worth another try soon, within the caller's time bound.
+NOT_MASTER = (MasterChangedError, MasterNotFoundError)
 
 #: Builds a new, unconnected redis-py connection with aiolock's settings.
 ConnectionFactory = Callable[[], AbstractConnection]
@@ -83,9 +109,86 @@ def _new(cls: type[AbstractConnection], settings: dict[str, Any], name: str) -> 
         retry=None,
         client_name=name,
     )
-    kwargs.pop("connection_pool", None)
+    if not issubclass(cls, SentinelManagedConnection):
+        # A Sentinel-managed connection asks its pool for the master's
+        # address on every connect(): it keeps the pool (a weak proxy).
+        kwargs.pop("connection_pool", None)
     kwargs.pop("connection_class", None)
     return cls(**kwargs)
+
+
+#: Per Sentinel manager and service: the master the watching Engine last heard
+#: the Sentinels name, and the masters it saw replaced since. A connect that
+#: lands on a replaced one (a lagging Sentinel named the old master, which
+#: stays a writable master for seconds after a manual failover) is refused
+#: like one on a replica. (One the watch has not heard of yet is not: it is
+#: newer, and the watch's switch will follow.)
+_masters: weakref.WeakKeyDictionary[Any, dict[str, _Masters]] = weakref.WeakKeyDictionary()
+
+
+class _Masters:
+    __slots__ = ("current", "retired")
+
+    def __init__(self) -> None:
+        self.current: tuple[str, int] | None = None
+        self.retired: set[tuple[str, int]] = set()
+
+
+class SentinelService:
+    """What aiolock needs of a Sentinel-managed client (``Sentinel.master_for``):
+    the service's name, its Sentinels (to watch ``+switch-master`` and ask
+    ``SENTINEL get-master-addr-by-name``), where the last connect went, and
+    closing the Sentinels' clients (``Client.from_sentinel`` owns them)."""
+
+    __slots__ = ("_pool", "manager", "name")
+
+    def __init__(self, pool: SentinelConnectionPool) -> None:
+        self._pool = pool
+        self.name: str = pool.service_name
+        self.manager: aioredis.Sentinel = pool.sentinel_manager
+
+    @property
+    def addresses(self) -> list[str]:
+        """The Sentinels as ``host:port``, for messages."""
+        out = []
+        for sentinel in self.manager.sentinels:
+            kwargs = sentinel.connection_pool.connection_kwargs
+            out.append(f"{kwargs.get('host')}:{kwargs.get('port')}")
+        return out
+
+    def factories(self, client_name: str) -> list[ConnectionFactory]:
+        """One connection factory per Sentinel, with its own settings (``sentinel_kwargs``)."""
+        return [connection_factory(s, client_name) for s in list(self.manager.sentinels)]
+
+    @property
+    def master_address(self) -> tuple[str, int] | None:
+        """The master the last connect of the client's pool was sent to (None before any)."""
+        address = self._pool.master_address
+        if address is None:
+            return None
+        host, port = cast("tuple[Any, Any]", address)
+        return (host.decode() if isinstance(host, bytes) else str(host), int(port))
+
+    def expect(self, address: tuple[str, int]) -> None:
+        """The Sentinels name ``address`` the master now: a connect to a master
+        they named before it is refused (see ``_masters``)."""
+        masters = _masters.setdefault(self.manager, {}).setdefault(self.name, _Masters())
+        if masters.current is not None and masters.current != address:
+            masters.retired.add(masters.current)
+        masters.retired.discard(address)
+        masters.current = address
+
+    async def aclose(self) -> None:
+        """Close the Sentinels' clients (not the master's)."""
+        await self.manager.aclose()
+
+
+def sentinel_service(client: aioredis.Redis) -> SentinelService | None:
+    """The Sentinel service behind ``client``, or None if its pool is not Sentinel-managed."""
+    pool = client.connection_pool
+    if isinstance(pool, SentinelConnectionPool) and getattr(pool, "is_master", True):
+        return SentinelService(pool)
+    return None
 
 
 async def connect(conn: AbstractConnection) -> asyncio.WriteTransport:
@@ -107,6 +210,8 @@ async def connect(conn: AbstractConnection) -> asyncio.WriteTransport:
         if type(exc) is RedisConnectionError and isinstance(cause, RedisError):
             raise cause from None
         raise
+    if isinstance(conn, SentinelManagedConnection):
+        await _check_master(conn)
     # redis-py offers no public way to the transport: its stream writer is
     # the private `_writer` (set by every connection class's `_connect`).
     writer = getattr(conn, "_writer", None)
@@ -117,6 +222,45 @@ async def connect(conn: AbstractConnection) -> asyncio.WriteTransport:
             "this aiolock does not support this redis-py version"
         )
     return writer.transport
+
+
+async def _check_master(conn: SentinelManagedConnection) -> None:
+    """Sentinel mode: the server the Sentinels named must say it is the master
+    (ROLE), else ``MasterChangedError`` (the caller tries again soon). A ROLE
+    refused (an ACL user without it) is taken for a yes: a READONLY reply
+    still tells a replica later."""
+    await conn.send_command("ROLE")
+    try:
+        reply = await conn.read_response()
+    except ResponseError:
+        return
+    role = reply[0] if isinstance(reply, list) and reply else reply
+    pool = conn.connection_pool
+    if role in (b"master", "master"):
+        manager = pool.sentinel_manager
+        masters = _masters.get(manager, {}).get(pool.service_name)
+        # (Sentinel(force_master_ip=...) connects to that address, whatever
+        # the Sentinels name: no telling masters apart. A private attribute.)
+        if (
+            masters is None
+            or masters.current is None
+            or getattr(manager, "_force_master_ip", None) is not None
+            or (str(conn.host), int(conn.port)) not in masters.retired
+        ):
+            return
+        current = masters.current
+        raise MasterChangedError(
+            f"READONLY {conn.host}:{conn.port} says it is a master, but the Sentinels "
+            f"now name {current[0]}:{current[1]} the master of {pool.service_name!r} "
+            "(it is the old master of a failover)"
+        )
+    if isinstance(role, bytes):
+        role = role.decode(errors="replace")
+    raise MasterChangedError(
+        f"READONLY the Sentinels named {conn.host}:{conn.port} the master of "
+        f"{conn.connection_pool.service_name!r}, and it says it is a {role} "
+        "(a failover is under way)"
+    )
 
 
 async def disconnect(conn: AbstractConnection) -> None:

@@ -184,6 +184,7 @@ class AckedConnection(CommandConnection):
         on_connect: Callable[[], Iterable[tuple[Any, ...]]] = tuple,
         on_reset: Callable[[], None] | None = None,
         redirects: bool = False,
+        sentinel: bool = False,
     ) -> None:
         super().__init__(
             factory,
@@ -191,6 +192,7 @@ class AckedConnection(CommandConnection):
             on_connect=on_connect,
             on_reset=on_reset,
             redirects=redirects,
+            sentinel=sentinel,
         )
         self.ack = ack
         self.renewals = renewals
