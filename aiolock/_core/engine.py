@@ -719,8 +719,16 @@ class Engine:
             try:
                 return await lane.call(*command, orphan=orphan)
             except Unacknowledged as exc:
-                # Granted but not acknowledged: undo exactly what it took.
+                # Granted but not acknowledged: undo exactly what it took, and
+                # let the caller see the error once the undo ran (its first
+                # try, within command_timeout): nothing of the acquisition is
+                # left in Redis then. A cancelled caller leaves the undo
+                # running in the background (asyncio.wait cancels nothing).
+                before = set(self.background)
                 orphan(exc.reply, None)
+                undoing = self.background - before
+                if undoing:
+                    await asyncio.wait(undoing, timeout=self.command_timeout)
                 raise exc.error from exc.error.__cause__
             except NoScriptError as exc:  # (standalone: a cluster lane reloads by itself)
                 if reloaded:

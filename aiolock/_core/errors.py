@@ -111,8 +111,10 @@ class ReplicationError(AiolockError):
     """Fewer replicas than the Client asks for (``replicas=N``) acknowledged
     an acquisition within ``replica_timeout``.
 
-    The acquisition was undone: nothing of it is left in Redis (the lock was
-    released by its own token), and the caller does not hold it. A promoted
+    The acquisition was undone before this error was raised: nothing of it
+    is left in Redis (the lock was released by its own token; if Redis
+    stopped answering meanwhile, the undo goes on in the background and the
+    lock's TTL bounds it), and the caller does not hold it. A promoted
     replica could have lacked it, so granting it would have promised
     exclusion across a failover that the servers could not keep.
 
