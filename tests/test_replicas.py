@@ -277,27 +277,33 @@ async def test_cancelled_during_the_wait(replicated_pair: ReplicatedPair) -> Non
 async def test_cancelled_during_a_healthy_wait_keeps_nothing(
     replicated_pair: ReplicatedPair,
 ) -> None:
-    """Cancelled while the WAIT is in flight on a healthy pair: the WAIT
-    acknowledges, but the caller is gone, so it is undone. (A healthy WAIT may
-    answer before the cancellation lands: then the lease is released, and the
-    scenario tried again, at most 5 times.)"""
+    """Cancelled while the WAIT is in flight, and the WAIT then acknowledges:
+    the caller is gone, so the acquisition is undone all the same. (The stream
+    is held back until the cancellation landed, then let go well within
+    replica_timeout: the WAIT cannot answer first, and does acknowledge.)"""
     pair = replicated_pair
-    async with client_for(pair) as client:
+    async with client_for(pair, replica_timeout=5.0) as client:
         await (await client.lock("warm").acquire()).release()
         lane = client._engine.acked_lane
         assert lane is not None
-        for _ in range(5):
-            waits = lane.waits
-            task = asyncio.create_task(client.lock("a").acquire())
-            await eventually(lambda w=waits: lane.waits > w, interval=0, what="the WAIT sent")
-            task.cancel()
-            try:
-                lease = await task
-            except asyncio.CancelledError:
-                break
-            await lease.release()
-        else:
-            pytest.skip("the WAIT always answered before the cancellation landed")
+        waits = lane.waits
+        pair.stall()
+        task = asyncio.create_task(client.lock("a").acquire())
+        await eventually(lambda: lane.waits > waits, interval=0, what="the WAIT sent")
+        await eventually(
+            lambda: pair.master.execute("EXISTS", "aiolock:{a}") == 1, what="the script ran"
+        )
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        pair.resume()
+        await eventually(
+            lambda: (
+                pair.replica.execute("EXISTS", "aiolock:{a}") == 1
+                or pair.master.execute("EXISTS", "aiolock:{a}") == 0
+            ),
+            what="the replica acknowledged (or the undo already ran)",
+        )
         await no_hold(pair.master)
         await assert_clean(client)
 
