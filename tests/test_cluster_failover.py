@@ -292,15 +292,22 @@ async def test_a_parked_waiter_hears_a_release_on_the_promoted_replica(
     """A waiter parked (pub/sub) on a name of the killed master: its channel moves
     to the promoted replica as soon as the map shows it (nothing else of its
     Client asks for the map), so the holder's release there wakes it at once,
-    not when its wait bound (the holder's TTL) runs out."""
+    not when its wait bound (the holder's TTL) runs out.
+
+    The waiter parks before its listener has even connected to the master (its
+    first subscription is under way when the master dies): the listener never
+    loses an established link, only fails to open one, and must watch the map
+    all the same (it did not: the waiter slept until the holder's TTL)."""
     cluster = fresh_cluster
     victim = cluster.masters()[0]
     name = names_on(cluster, victim, 1, "parked")[0]
     lease_s = 6.0  # the waiter's wait bound: far beyond the failover and the release
     holder = Client.from_url(cluster.url, lease=lease_s)
     waiter = Client.from_url(cluster.url, lease=lease_s)
+    loop = asyncio.get_running_loop()
     try:
         await (await waiter.lock(f"{name}-warm").acquire()).release()
+        began = loop.time()
         lease = await holder.lock(name).acquire()
         with victim.admin_client() as admin:
             assert admin.execute_command("WAIT", 1, 5000) == 1  # type: ignore[no-untyped-call]
@@ -310,7 +317,12 @@ async def test_a_parked_waiter_hears_a_release_on_the_promoted_replica(
         await asyncio.to_thread(cluster.wait_for_failover, victim)
         assert not lease.lost, lease.lost_reason
         await lease.release()  # on the promoted replica: it publishes the wake-up there
-        async with asyncio.timeout(1.0):
+        # Every try of the waiter saw the hold's TTL and waits at most that long:
+        # the hold expires no sooner than ``began + lease_s`` (renewals only push
+        # that later), so no TTL-bound retry of the waiter comes before then.
+        # Woken by the release (or by its channel's move, which wakes it to try
+        # again), it has the lock before.
+        async with asyncio.timeout_at(began + lease_s):
             got = await waiting
         assert got.fencing_token > lease.fencing_token
         await got.release()
