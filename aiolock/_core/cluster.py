@@ -679,6 +679,7 @@ class ShardedListener:
                 on_reset=self._lost,
                 sharded=True,
                 on_moved=self.moved,
+                on_unreachable=self._unreachable,
             )
             if self._started:
                 listener.start()
@@ -695,18 +696,24 @@ class ShardedListener:
         return name
 
     def _lost(self) -> None:
+        self._unreachable()
+        if self._on_reset is not None:
+            self._on_reset()
+
+    def _unreachable(self) -> None:
+        """A node's pub/sub link was lost, or could not be opened (the node died
+        before this listener reached it: nothing was lost, but its channels
+        wait there all the same): watch the map for the promoted replica."""
         self._topology.refresh_soon()
         if not self._closed and (self._watching is None or self._watching.done()):
             self._watching = asyncio.get_running_loop().create_task(
                 self._await_failover(), name="aiolock-cluster-watch"
             )
             self._watching.add_done_callback(retrieve)
-        if self._on_reset is not None:
-            self._on_reset()
 
     async def _await_failover(self) -> None:
-        """A node's pub/sub link was lost: the node may be dead and its replica
-        about to be promoted. Nothing else may ask for the map meanwhile (its
+        """A node's pub/sub link was lost or could not be opened: the node may be
+        dead and its replica about to be promoted. Nothing else may ask for the map meanwhile (its
         waiters are parked, its listener only retries the dead node), so re-read
         it every ``RESEND_CAP`` until it changes (``on_change`` then re-homes the
         channels to the promoted replica) or for the topology's timeout (the

@@ -226,9 +226,17 @@ class Listener:
         on_reset: Callable[[], None] | None = None,
         sharded: bool = False,
         on_moved: Callable[[], None] | None = None,
+        on_unreachable: Callable[[], None] | None = None,
     ) -> None:
         # on_reset: called when an established pub/sub connection is lost (not on close).
         self._dialer = Dialer(factory, on_reset=on_reset, backoff_cap=backoff_cap)
+        # on_unreachable: called when a connection could not be opened, once per
+        # outage (again only after a connection succeeded). Cluster mode: the
+        # node may have died before this listener ever reached it, so no
+        # established connection is lost and on_reset never fires; the slot
+        # map must be watched for its promoted replica all the same.
+        self._on_unreachable = on_unreachable
+        self._unreachable_told = False
         # Sharded (cluster mode): SSUBSCRIBE / SUNSUBSCRIBE on the master of
         # the channels' slots, one command per channel (a sharded command's
         # channels must share a slot). on_moved: the server dropped a channel
@@ -476,6 +484,10 @@ class Listener:
                 raise
             except Exception as exc:
                 log.warning("aiolock listener: pub/sub connection lost (%s); reconnecting", exc)
+                if self._link is None and not self._unreachable_told:
+                    self._unreachable_told = True  # (never connected: see on_unreachable)
+                    if self._on_unreachable is not None:
+                        self._on_unreachable()
                 # A link that served for a health interval or more was sound: the
                 # next attempt comes soon. One the server accepts and then drops
                 # at once (a pub/sub output buffer limit, a proxy) backs off.
@@ -503,6 +515,7 @@ class Listener:
             lambda link: _PubSubProtocol(self, link, ended), self._health_interval * 2
         )
         self._ping_outstanding = False
+        self._unreachable_told = False
         if self.sharded:
             self._ask_role()  # subscribes once the node says it is a master
         elif self._channels:

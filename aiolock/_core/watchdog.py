@@ -1,6 +1,8 @@
 """The Client's one watchdog task: renews every watchdog lease, in batches.
 
-Every ``lease / 3`` seconds it renews everything registered with it (holds
+Every ``lease / 3`` seconds (sooner for an item added with less than two
+thirds of a lease left, its acquire having taken a while) it renews
+everything registered with it (holds
 taken without an explicit lease, and the queue entries of waiting fair-lock
 tasks and read-write writers), grouped by renewal script (and in cluster
 mode by the master serving the item's slot: one call never spans two
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -106,6 +109,11 @@ class Watchdog:
         self._node: Callable[[int], Hashable] | None = None
         self._task: asyncio.Task[None] | None = None
         self._kick = asyncio.Event()
+        # Loop time of the next round (see _run); an item added that is due
+        # sooner kicks the watchdog. _soonest: the earliest due time of the
+        # items added since the last round began (the others were renewed then).
+        self._wake_at = 0.0
+        self._soonest = math.inf
         self.rounds = 0
         self.calls = 0
 
@@ -124,8 +132,18 @@ class Watchdog:
     def add(self, item: Renewable) -> None:
         slot = self._slot
         self._items[item] = 0 if slot is None else slot(item.renew_key)
-        if len(self._items) == 1:
+        due = self._due(item)
+        self._soonest = min(self._soonest, due)
+        if len(self._items) == 1 or due < self._wake_at:
             self._kick.set()
+
+    def _due(self, item: Renewable) -> float:
+        """When ``item``'s renewal is due: ``2 * interval`` (two thirds of a
+        lease) before its known expiry, as for an item renewed on time. An
+        item whose acquire took a while (a first connection, a loaded host)
+        has less left of its lease than a whole one when it is added: it is
+        due sooner than ``interval`` after that."""
+        return item.expires_at - 2 * self.interval
 
     def remove(self, item: Renewable) -> None:
         self._items.pop(item, None)
@@ -142,21 +160,39 @@ class Watchdog:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        delay = self.interval
+        wake = loop.time() + self.interval
+        retrying = False
         while True:
             if not self._items:
                 self._kick.clear()
                 await self._kick.wait()
-                delay = self.interval
-            await asyncio.sleep(delay)
+                wake, retrying = loop.time() + self.interval, False
+            if not retrying:
+                # A round every interval, or sooner if an item is due sooner:
+                # each renewal then has two thirds of a lease to be answered.
+                wake = min(wake, self._soonest)
+            self._wake_at = wake
+            self._kick.clear()
+            delay = wake - loop.time()
+            if delay > 0:
+                try:
+                    async with asyncio.timeout(delay):
+                        await self._kick.wait()
+                except TimeoutError:
+                    pass
+                else:
+                    continue  # an item due sooner than ``wake`` was added
             if not self._items:
                 continue
+            self._soonest = math.inf  # (every item is in this round)
             ok = await self.renew_all()
-            delay = self.interval if ok else max(self.interval / 4, 0.01)
+            now = loop.time()
+            retrying = not ok
+            wake = now + (self.interval if ok else max(self.interval / 4, 0.01))
             # Never sleep past the earliest known expiry of an item we failed to renew.
             if not ok and self._items:
                 earliest = min(item.expires_at for item in self._items)
-                delay = max(0.0, min(delay, earliest - loop.time()))
+                wake = max(now, min(wake, earliest))
 
     async def renew_all(self) -> bool:
         """One round: renew every item. Returns False if any renewal failed.
