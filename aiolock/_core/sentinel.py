@@ -27,7 +27,7 @@ failover raises it): Sentinels learn of a switch at different times (about
 0.1 s apart here), and one that lags still names the old master, which still
 answers ROLE master. So every answer is the pair (``config-epoch`` of
 ``SENTINEL MASTER``, then the address of ``get-master-addr-by-name``: asked
-in that order, a switch between the two pairs the new address with the old
+in that order, pipelined, a switch between the two pairs the new address with the old
 epoch, never the reverse), and one with a lower epoch than the largest seen,
 or the same epoch and another address, is ignored. (``get-master-addr-by-name``,
 not ``SENTINEL MASTER``'s own address: the failover's leader raises the epoch
@@ -129,9 +129,18 @@ class SentinelWatch:
         None if it does not know the service. The epoch is asked first (see
         the module)."""
         name = self.service.name.encode()
+        # Pipelined: one round trip, answered in this order.
+        replies = await asyncio.gather(
+            conn.submit(b"SENTINEL", b"MASTER", name),
+            conn.submit(b"SENTINEL", b"get-master-addr-by-name", name),
+            return_exceptions=True,
+        )
+        info: Any = replies[0]
+        reply: Any = replies[1]
         try:
-            info = await conn.call(b"SENTINEL", b"MASTER", name)
-            reply = await conn.call(b"SENTINEL", b"get-master-addr-by-name", name)
+            for item in replies:
+                if isinstance(item, BaseException):
+                    raise item
         except ServerRefusedError as exc:
             if "no such master" in str(exc).lower():
                 return None
