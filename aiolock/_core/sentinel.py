@@ -17,28 +17,30 @@ go on granting locks there. So the ``SentinelWatch`` of the Engine:
   every reconnect goes to the next Sentinel: a lost Sentinel fails over to
   another, and a reconnect asks the master's address again, since a switch
   may have been missed meanwhile);
-* asks ``SENTINEL get-master-addr-by-name`` every ``interval`` (the
-  watchdog's round, at most 2 s) on a command connection to a Sentinel
-  (the next one after a failure);
+* asks a Sentinel for the master (its config epoch and address, below)
+  every ``interval`` (the watchdog's round, at most 2 s) on a command
+  connection (to the next Sentinel after a failure);
 
 and calls ``on_switch(reason)`` when the master named differs from the one
-it knew. The watch moves forward only, by the Sentinels' config epoch (each
+it knew. The Engine then drops every connection it has and verifies every
+hold on the new master. A connect that lands on a master the watch saw
+replaced is refused (``SentinelService.expect``): a lagging Sentinel may
+still name the old master to redis-py's pool, and it answers ROLE master.
+
+The watch moves forward only, by the Sentinels' config epoch (each
 failover raises it): Sentinels learn of a switch at different times (about
-0.1 s apart here), and one that lags still names the old master, which still
-answers ROLE master. So every answer is the pair (``config-epoch`` of
-``SENTINEL MASTER``, then the address of ``get-master-addr-by-name``: asked
-in that order, pipelined, a switch between the two pairs the new address with the old
-epoch, never the reverse), and one with a lower epoch than the largest seen,
-or the same epoch and another address, is ignored. (``get-master-addr-by-name``,
-not ``SENTINEL MASTER``'s own address: the failover's leader raises the epoch
-when the replica accepts its promotion and names it from then on, while
-``SENTINEL MASTER`` still shows the old address until the end of the
-failover.) A ``+switch-master`` event carries no epoch: it makes the watch
-ask every Sentinel at once (the sender has the new epoch) and take each
-answer as it comes. The Engine then drops every connection it has and verifies every
-hold on the new master. Every connect meanwhile is refused unless it lands
-on the master the watch knows (``SentinelService.expect``): a lagging
-Sentinel may still name the old master, which answers ROLE master.
+0.1 s apart here), and one that lags still names the old master. So every
+answer is a pair: the ``config-epoch`` of ``SENTINEL MASTER``, then the
+address of ``get-master-addr-by-name``, pipelined in that order (a switch
+in between pairs the new address with the old epoch, never the reverse);
+one with a lower epoch than the largest seen, or the same epoch and
+another address, is ignored. (``get-master-addr-by-name``, not ``SENTINEL
+MASTER``'s own address: the failover's leader raises the epoch when the
+replica accepts its promotion and names it from then on, while ``SENTINEL
+MASTER`` shows the old address until the failover ends.) A
+``+switch-master`` event carries no epoch: it makes the watch ask every
+Sentinel at once (the sender has the new epoch) and take each answer as it
+comes. The retirement of old masters (``expect``) is epoch-ordered too.
 """
 
 from __future__ import annotations
