@@ -216,10 +216,14 @@ class Client:
         at the first use.
         """
         pairs = check_sentinels(sentinels)
-        if not isinstance(service, str) or not service:
+        if not isinstance(service, str):
             raise InvalidArgumentTypeError(
-                f"service must be the non-empty name the Sentinels monitor (e.g. 'mymaster'), "
+                f"service must be the str name the Sentinels monitor (e.g. 'mymaster'), "
                 f"got {service!r}"
+            )
+        if not service:
+            raise InvalidArgumentError(
+                "service must be the non-empty name the Sentinels monitor (e.g. 'mymaster'), got ''"
             )
         master_kwargs: dict[str, Any] = {"db": db}
         sentinel_kwargs: dict[str, Any] = {}
@@ -241,8 +245,10 @@ class Client:
                 kwargs["password"] = secret
             if tls:
                 kwargs["ssl"] = True
-        if isinstance(db, bool) or not isinstance(db, int) or db < 0:
+        if isinstance(db, bool) or not isinstance(db, int):
             raise InvalidArgumentTypeError(f"db must be an int >= 0, got {db!r}")
+        if db < 0:
+            raise InvalidArgumentError(f"db must be an int >= 0, got {db!r}")
         # A Sentinel that stops answering (paused, black-holed) must not stall
         # discovery: redis-py asks the Sentinels in turn, each within this.
         sentinel_kwargs.setdefault("socket_timeout", SENTINEL_TIMEOUT)

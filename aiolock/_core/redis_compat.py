@@ -127,10 +127,11 @@ _masters: weakref.WeakKeyDictionary[Any, dict[str, _Masters]] = weakref.WeakKeyD
 
 
 class _Masters:
-    __slots__ = ("current", "retired")
+    __slots__ = ("current", "epoch", "retired")
 
     def __init__(self) -> None:
         self.current: tuple[str, int] | None = None
+        self.epoch = -1  # the Sentinels' config epoch of ``current`` (-1: unknown)
         self.retired: set[tuple[str, int]] = set()
 
 
@@ -169,10 +170,18 @@ class SentinelService:
         host, port = cast("tuple[Any, Any]", address)
         return (host.decode() if isinstance(host, bytes) else str(host), int(port))
 
-    def expect(self, address: tuple[str, int]) -> None:
-        """The Sentinels name ``address`` the master now: a connect to a master
-        they named before it is refused (see ``_masters``)."""
+    def expect(self, address: tuple[str, int], epoch: int = -1) -> None:
+        """The Sentinels name ``address`` the master now, at config epoch
+        ``epoch`` (-1: unknown): a connect to a master they named before it is
+        refused (see ``_masters``). Forward only: ignored if ``epoch`` is
+        below the one recorded (another Engine on the same Sentinels may hear
+        a lagging one), so a retired master is not brought back by it."""
         masters = _masters.setdefault(self.manager, {}).setdefault(self.name, _Masters())
+        if epoch >= 0 and (
+            epoch < masters.epoch or (epoch == masters.epoch and address != masters.current)
+        ):
+            return
+        masters.epoch = max(masters.epoch, epoch)
         if masters.current is not None and masters.current != address:
             masters.retired.add(masters.current)
         masters.retired.discard(address)

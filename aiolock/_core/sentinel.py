@@ -17,22 +17,37 @@ go on granting locks there. So the ``SentinelWatch`` of the Engine:
   every reconnect goes to the next Sentinel: a lost Sentinel fails over to
   another, and a reconnect asks the master's address again, since a switch
   may have been missed meanwhile);
-* asks ``SENTINEL get-master-addr-by-name`` every ``interval`` (the
-  watchdog's round, at most 2 s) on a command connection to a Sentinel
-  (the next one after a failure);
+* asks a Sentinel for the master (its config epoch and address, below)
+  every ``interval`` (the watchdog's round, at most 2 s) on a command
+  connection (to the next Sentinel after a failure);
 
 and calls ``on_switch(reason)`` when the master named differs from the one
 it knew. The Engine then drops every connection it has and verifies every
-hold on the new master. Every connect meanwhile is refused unless it lands
-on the master the watch knows (``SentinelService.expect``): a lagging
-Sentinel may still name the old master, which answers ROLE master.
+hold on the new master. A connect that lands on a master the watch saw
+replaced is refused (``SentinelService.expect``): a lagging Sentinel may
+still name the old master to redis-py's pool, and it answers ROLE master.
+
+The watch moves forward only, by the Sentinels' config epoch (each
+failover raises it): Sentinels learn of a switch at different times (about
+0.1 s apart here), and one that lags still names the old master. So every
+answer is a pair: the ``config-epoch`` of ``SENTINEL MASTER``, then the
+address of ``get-master-addr-by-name``, pipelined in that order (a switch
+in between pairs the new address with the old epoch, never the reverse);
+one with a lower epoch than the largest seen, or the same epoch and
+another address, is ignored. (``get-master-addr-by-name``, not ``SENTINEL
+MASTER``'s own address: the failover's leader raises the epoch when the
+replica accepts its promotion and names it from then on, while ``SENTINEL
+MASTER`` shows the old address until the failover ends.) A
+``+switch-master`` event carries no epoch: it makes the watch ask every
+Sentinel at once (the sender has the new epoch) and take each answer as it
+comes. The retirement of old masters (``expect``) is epoch-ordered too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from redis.asyncio.connection import AbstractConnection
@@ -61,6 +76,18 @@ MAX_INTERVAL = 2.0
 Address = tuple[str, int]
 
 
+def _config_epoch(info: Any) -> int:
+    """The ``config-epoch`` of a ``SENTINEL MASTER`` reply (RESP2 flat pairs or
+    RESP3 map); -1 if absent (then every answer counts)."""
+    if isinstance(info, list):
+        info = dict(zip(info[::2], info[1::2], strict=False))
+    if isinstance(info, dict):
+        value = info.get(b"config-epoch", info.get("config-epoch"))
+        if value is not None:
+            return int(value)
+    return -1
+
+
 class SentinelWatch:
     """Watches the Sentinels of one service for a change of master (see the module)."""
 
@@ -80,9 +107,14 @@ class SentinelWatch:
         self.interval = min(interval, MAX_INTERVAL)
         #: The master's address as last named by a Sentinel (None before the first answer).
         self.known: Address | None = None
+        #: The largest config epoch a Sentinel answered with (None before the first answer).
+        self.epoch: int | None = None
+        #: Answers ignored as stale (a lagging Sentinel; for tests and statistics).
+        self.stale = 0
+        self._command_timeout = min(command_timeout, 2.0)
         #: Switches seen (for tests and statistics).
         self.switches = 0
-        self._lane = CommandConnection(self._rotate, command_timeout=min(command_timeout, 2.0))
+        self._lane = CommandConnection(self._rotate, command_timeout=self._command_timeout)
         self._listener = Listener(self._rotate, on_reset=self.check_soon, health_interval=2.0)
         self._task: asyncio.Task[None] | None = None
         self._checks: set[asyncio.Task[Any]] = set()
@@ -94,30 +126,48 @@ class SentinelWatch:
         self._next += 1
         return factory()
 
-    async def master(self) -> Address | None:
-        """The master's address as a Sentinel names it, asking the Sentinels in
-        turn until one answers; None if the one that answered does not know
-        the service. ConnectionFailedError if none answers."""
+    async def _ask(self, conn: CommandConnection) -> tuple[int, Address] | None:
+        """One Sentinel's answer on ``conn``: (config epoch, master address), or
+        None if it does not know the service. The epoch is asked first (see
+        the module)."""
+        name = self.service.name.encode()
+        # Pipelined: one round trip, answered in this order.
+        replies = await asyncio.gather(
+            conn.submit(b"SENTINEL", b"MASTER", name),
+            conn.submit(b"SENTINEL", b"get-master-addr-by-name", name),
+            return_exceptions=True,
+        )
+        info: Any = replies[0]
+        reply: Any = replies[1]
+        try:
+            for item in replies:
+                if isinstance(item, BaseException):
+                    raise item
+        except ServerRefusedError as exc:
+            if "no such master" in str(exc).lower():
+                return None
+            raise UnsupportedServerError(
+                f"the server at one of {self.service.addresses} refused SENTINEL MASTER or "
+                f"get-master-addr-by-name ({exc}): is it a Sentinel, and may this user "
+                "run SENTINEL commands?"
+            ) from exc
+        if reply is None:
+            return None
+        host, port = reply[0], reply[1]
+        address = (host.decode() if isinstance(host, bytes) else str(host), int(port))
+        return (_config_epoch(info), address)
+
+    async def master(self) -> tuple[int, Address] | None:
+        """(config epoch, master address) as a Sentinel names them, asking the
+        Sentinels in turn until one answers; None if the one that answered
+        does not know the service. ConnectionFailedError if none answers."""
         last: Exception | None = None
         for _ in range(len(self._factories)):
             try:
-                reply = await self._lane.call(
-                    b"SENTINEL", b"get-master-addr-by-name", self.service.name.encode()
-                )
+                return await self._ask(self._lane)
             except ConnectionFailedError as exc:
                 last = exc
                 self._lane.reset("asking the next Sentinel")
-                continue
-            except ServerRefusedError as exc:
-                raise UnsupportedServerError(
-                    f"the server at one of {self.service.addresses} refused SENTINEL "
-                    f"get-master-addr-by-name ({exc}): is it a Sentinel, and may this user "
-                    "run SENTINEL commands?"
-                ) from exc
-            if reply is None:
-                return None
-            host, port = reply[0], reply[1]
-            return (host.decode() if isinstance(host, bytes) else str(host), int(port))
         assert last is not None
         raise ConnectionFailedError(
             f"no Sentinel of service {self.service.name!r} answered at "
@@ -128,16 +178,16 @@ class SentinelWatch:
     async def start(self) -> None:
         """Check that the Sentinels know the service (the master's address is
         recorded), then watch. InvalidArgumentError if they do not know it."""
-        address = await self.master()
-        if address is None:
+        answer = await self.master()
+        if answer is None:
             raise InvalidArgumentError(
                 f"the Sentinels at {self.service.addresses} monitor no service named "
                 f"{self.service.name!r}: check the service name given to "
                 "Client.from_sentinel or Sentinel.master_for (SENTINEL MASTERS on a "
                 "Sentinel lists the names it monitors)"
             )
-        self.known = address
-        self.service.expect(address)
+        self.epoch, self.known = answer
+        self.service.expect(answer[1], answer[0])
         channel = self._listener.register(SWITCH_CHANNEL)
         channel.handler = self._message
         self._listener.start()
@@ -146,40 +196,86 @@ class SentinelWatch:
     def _message(self, message: bytes) -> None:
         parts = message.split()
         if len(parts) == 5 and parts[0].decode(errors="replace") == self.service.name:
-            self.compare((parts[3].decode(), int(parts[4])), "the Sentinels announced")
+            # No epoch in the event: ask every Sentinel (the sender has it).
+            if (parts[3].decode(), int(parts[4])) != self.known:
+                self._background(self._ask_all())
         elif len(parts) != 5:  # a resubscription's wake-up: a switch may have been missed
             self.check_soon()
 
     def check_soon(self) -> None:
         """Ask the Sentinels for the master now, in the background."""
+        self._background(self._check())
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
         if self._closed:
+            coro.close()
             return
-        task = asyncio.get_running_loop().create_task(self._check())
+        task = asyncio.get_running_loop().create_task(coro)
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
 
     async def _check(self) -> None:
         try:
-            address = await self.master()
+            answer = await self.master()
         except AiolockError as exc:
             log.info("aiolock: cannot ask the Sentinels for the master (%s)", exc)
             return
-        if address is not None:
-            self.compare(address, "a Sentinel names")
+        if answer is not None:
+            self.compare(*answer, "a Sentinel names")
+
+    async def _ask_all(self) -> None:
+        """Ask every Sentinel at once (one connection each, closed after);
+        each answer is compared as it comes (a silent Sentinel delays none)."""
+        conns = [
+            CommandConnection(f, command_timeout=self._command_timeout) for f in self._factories
+        ]
+
+        async def ask(conn: CommandConnection) -> None:
+            try:
+                answer = await asyncio.wait_for(self._ask(conn), self._command_timeout)
+            except (AiolockError, TimeoutError) as exc:
+                log.info("aiolock: a Sentinel did not say which master it names (%s)", exc)
+                return
+            if answer is not None:
+                self.compare(*answer, "the Sentinels announced")
+
+        try:
+            await asyncio.gather(*(ask(c) for c in conns))
+        finally:
+            for conn in conns:
+                await conn.aclose()
 
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
             await self._check()
 
-    def compare(self, address: Address, how: str) -> None:
-        """A Sentinel named ``address`` the master: a switch if it is not the
-        master known so far. (A connect is refused unless it lands on the
-        master known: see ``SentinelService.expect``.)"""
+    def compare(self, epoch: int, address: Address, how: str) -> None:
+        """A Sentinel named ``address`` the master at config epoch ``epoch``:
+        ignored if the epoch is below the largest seen, or equal to it with
+        another address (a lagging Sentinel); else a switch if it is not the
+        master known so far. (A connect to a master replaced is refused: see
+        ``SentinelService.expect``.)"""
         if self._closed:
             return
+        if (
+            epoch >= 0
+            and self.epoch is not None
+            and (epoch < self.epoch or (epoch == self.epoch and address != self.known))
+        ):
+            self.stale += 1
+            log.debug(
+                "aiolock: a Sentinel names %s:%d at config epoch %d, behind epoch %d: ignored",
+                address[0],
+                address[1],
+                epoch,
+                self.epoch,
+            )
+            return
+        if self.epoch is None or epoch > self.epoch:
+            self.epoch = epoch
         known, self.known = self.known, address
-        self.service.expect(address)
+        self.service.expect(address, epoch)
         if address != known:
             self.switches += 1
             was = f"{known[0]}:{known[1]}" if known is not None else "unknown"
