@@ -49,43 +49,60 @@ both scripts). A master accepts ``T`` when
 is at least every clock read: tokens stay above the server clocks, the floor
 for a counter that expired, as with one server.)
 
-Each master keeps a generation marker (``<prefix>:redlock:gen``: a random id
-and its creation time on the server's clock, no TTL), created by the first
-script that runs there: a master that came back empty has a new, young one.
-The roster (``<prefix>:redlock:roster``, no TTL) holds the *founding*
+Each master keeps a generation marker (``<prefix>:redlock:gen``: a random id,
+its creation time on the server's clock, and the server's ``run_id``; no
+TTL), created by the first script that runs there, and created anew by the
+first script that finds a ``run_id`` other than the server's (``INFO
+server``, read in the script: a key cannot tell a new server life, as a
+snapshot restores keys). So any new server life has a new, young
+generation: a master that came back empty, one restarted from an RDB
+snapshot or an AOF that missed its last writes (``appendfsync everysec``), a
+replica promoted in its place (under Sentinel: its ``run_id`` is its own),
+and also one restarted with all its data (the price: see below). Each fence
+counter is tagged with the generation that wrote it (field ``g``); a counter
+of another generation (restored from an older life, maybe stale) counts as
+absent. The roster (``<prefix>:redlock:roster``, no TTL) holds the *founding*
 generations: a Redlock whose attempt read no roster on *all* N masters
 founds it with the N generations it read (a new deployment), and every
 later attempt passes the roster it knows, added to a master that has none. A
 generation is trusted if it is in the roster the attempt passes, or at least
-``FENCE_RETENTION`` (24 h, the counters' retention) old. A young generation
-not in the roster is a master that came back empty: its absent counters may
-be lost ones, so it accepts no token for them (its present counters, written
-since, are fine) until 24 h have passed. Once a majority accepted a token,
-a master that refused it as untrusted is *seeded* with it (in the
-background, and only if its generation is still the one the attempt read:
-it did not come back empty again meanwhile), so it vouches for that name
-from then on. Safety over liveness: with one master down and another back
-empty, a name the latter has not been seeded with since cannot be acquired
-(the attempt fails, and is retried until the caller's timeout).
+``FENCE_RETENTION`` (24 h, the counters' retention) old on the server's
+clock. A young generation not in the roster is a master in a new life: its
+absent counters may be lost ones, so it accepts no token for them (its
+counters written since, in this generation, are fine) until 24 h have
+passed. Once a majority accepted a token, a master that refused it as
+untrusted is *seeded* with it (in the background, and only if its
+generation is still the one the attempt read: it did not start a new life
+again meanwhile), so it vouches for that name from then on. Safety over
+liveness: with one master down and another in a new life (any restart, a
+failover), a name the latter has not been seeded with since cannot be
+acquired (the attempt fails, and is retried until the caller's timeout).
 
 Proof sketch. Let B hand out ``T_B`` after the majority ``V_B`` accepted it,
 and let A's acceptances (its proposal or its write-back) begin after that
 and succeed on the majority ``V_A``. Some master ``m`` is in both. If ``m``
-kept its data, its counter is at least ``T_B`` when A's token reaches it, so
-accepting ``T_A`` means ``T_A > T_B``. If ``m`` lost its data since, its
-generation is younger than B's acceptance there; its absent counter is
-accepted only if that generation is 24 h old (B's counter had then expired
-everywhere: the clock floor remains, as for one server) or founding, and a
-founding after B's hand-out needs every master without a roster, i.e. every
-master of ``V_B`` (a majority) emptied. A counter present on ``m`` since was
-created by an acceptance under the same rule, or by a seed of a token a
-majority accepted after ``m``'s restart (the generation check), so the same
-holds by induction. Hence tokens increase strictly in the order of hand-out
-(no timing assumption needed), whatever the quorums, unless a majority of
-masters lose their data within 24 h (then only the clock floor orders them)
-or a counter expires after 24 h unused. Mutual exclusion itself still rests
-on timing (bounded pauses, clock drift, delays), as in every lease-based
-lock; the token is what makes a resource that checks it safe anyway.
+is in the server life that accepted ``T_B`` (same ``run_id``, hence the same
+generation and the counter it wrote: a life loses no write), its counter is
+at least ``T_B`` when A's token reaches it, so accepting ``T_A`` means ``T_A >
+T_B``. If ``m`` started a new life since (empty, from an older snapshot or
+AOF, or promoted), its generation is younger than B's acceptance there, and
+every counter it has from before is tagged with an older generation, so
+absent; an absent counter is accepted only if the generation is 24 h old
+(B's counter had then expired everywhere: the clock floor remains, as for
+one server) or founding, and a founding after B's hand-out needs every
+master without a roster, i.e. every master of ``V_B`` (a majority) emptied.
+A counter of ``m``'s current generation was written by an acceptance under
+the same rule, or by a seed of a token a majority accepted after ``m``'s
+new life began (the generation check), so the same holds by induction.
+Hence tokens increase in the order of hand-out, whatever the quorums, unless
+a majority of masters lose their data within 24 h (then only the clock floor
+orders them) or a counter expires after 24 h unused. What it assumes: the
+24 h rule reads the servers' clocks (a clock jumping a day forward trusts a
+young generation early), and a seed from a late reply assumes the attempt
+ended within its validity (see ``_seed``). Mutual exclusion itself still
+rests on timing (bounded pauses, clock drift, delays), as in every
+lease-based lock; the token is what makes a resource that checks it safe
+anyway.
 """
 
 from __future__ import annotations
@@ -639,9 +656,13 @@ class Redlock:
 
         def late(i: int) -> None:
             # A read that came after the attempt decided: seed its master if it
-            # refused or could not vouch (see _accepted).
-            if handed:
-                self._seed(name, handed[0], i, replies[i], None)
+            # refused or could not vouch (see _accepted); not if it accepted
+            # the token handed out (the proposal).
+            if not handed:
+                return
+            reply = replies[i]
+            if not (isinstance(reply, list) and reply[6] == 1 and handed[0] == proposed):
+                self._seed(name, handed[0], i, reply, None)
 
         replies = await self._round("redlock_acquire", acquire, per_call, decided, late)
         answers = [r for r in replies if isinstance(r, list)]
@@ -700,6 +721,7 @@ class Redlock:
                 _RETENTION_US,
                 secrets.token_hex(8),
                 "",
+                0,
                 *founders,
             )
             return keys, args
@@ -751,7 +773,7 @@ class Redlock:
         master = self._masters[i]
         seed_gen = _decode(reply[4]).split("/", 1)[0]
         keys = master.keys(name).write_back
-        args = (token, to_ms(FENCE_RETENTION), _RETENTION_US, secrets.token_hex(8), seed_gen)
+        args = (token, to_ms(FENCE_RETENTION), _RETENTION_US, secrets.token_hex(8), seed_gen, 0)
         self._spawn(self._quietly(master.engine.eval("redlock_fence", keys, args)))
 
     @staticmethod

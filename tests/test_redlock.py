@@ -26,6 +26,7 @@ from aiolock import (
     LockTimeoutError,
     Redlock,
 )
+from aiolock._redlock import MASTER_TIMEOUT, UNDO_WAIT
 from tests.core_util import eventually
 from tests.servers import ServerProcess, binary_for, find_free_port
 
@@ -40,6 +41,14 @@ def _lock_key(name: str) -> str:
 
 def _fence_key(name: str) -> str:
     return f"aiolock:{{{name}}}:rl:fence"
+
+
+def _set_counter(server: ServerProcess, name: str, token: int) -> None:
+    """Sets ``name``'s fence counter on ``server`` to ``token``, written in the
+    server's current generation (a counter of another one counts as absent)."""
+    generation = server.execute("GET", "aiolock:redlock:gen")
+    assert generation, "no generation yet: run a Redlock script on the server first"
+    server.execute("HSET", _fence_key(name), "t", token, "g", generation.split("/", 1)[0])
 
 
 @pytest.fixture(scope="module")
@@ -204,9 +213,26 @@ async def test_mutual_exclusion_between_two_redlocks(
     await _nothing_held(masters, "shared", a, b)
 
 
-async def test_waiter_wakes_on_release_not_by_polling(make_redlock: MakeRedlock) -> None:
+def _subscribers(server: ServerProcess, channel: bytes) -> int:
+    return int(server.execute("PUBSUB", "NUMSUB", channel)[1])
+
+
+async def test_waiter_wakes_on_release_not_by_polling(
+    make_redlock: MakeRedlock, masters: list[ServerProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
     holder, waiter = await make_redlock(), await make_redlock()
-    lease = await holder.lock("wake").acquire()  # watchdog lease: 30 s TTL
+    lease = await holder.lock("wake").acquire()  # watchdog lease: 30 s TTL, renewed every 10 s
+    channel = f"{_lock_key('wake')}:ch".encode()
+    attempts: list[asyncio.Future[Any]] = []  # the waiter's attempts (one round each)
+    attempt = Redlock._attempt
+
+    def counted(self: Redlock, *args: Any) -> asyncio.Future[Any]:
+        future = asyncio.ensure_future(attempt(self, *args))
+        if self is waiter:
+            attempts.append(future)
+        return future
+
+    monkeypatch.setattr(Redlock, "_attempt", counted)
     got: asyncio.Future[float] = asyncio.get_running_loop().create_future()
 
     async def wait_for_it() -> None:
@@ -215,14 +241,27 @@ async def test_waiter_wakes_on_release_not_by_polling(make_redlock: MakeRedlock)
         await mine.release()
 
     task = asyncio.create_task(wait_for_it())
-    await asyncio.sleep(0.3)  # parked by now (its TTL-bounded retry is 30 s away)
+    # Parked: subscribed on every master, after its two tries (one before
+    # subscribing, one after: a release in between is not missed). Its next
+    # try is the holder's TTL (30 s) away.
+    await eventually(
+        lambda: (
+            all(_subscribers(s, channel) == 1 for s in masters)
+            and len(attempts) == 2
+            and attempts[1].done()
+        ),
+        what="the waiter parked",
+    )
     assert not got.done()
     released = time.monotonic()
     await lease.release()
     woke = await asyncio.wait_for(got, 10)
     await task
-    # Woken by the release's message: far sooner than its next retry (the TTL, 30 s).
-    assert woke - released < 2.0
+    # One try after parking, the one that succeeded: it did not poll.
+    assert len(attempts) == 3
+    # Woken by the release's message: within the release and one attempt's
+    # round (each bounded by MASTER_TIMEOUT), far sooner than its next try (30 s).
+    assert woke - released < 2 * MASTER_TIMEOUT
 
 
 # -- fencing when the quorum changes ----------------------------------------------------------
@@ -245,7 +284,7 @@ async def test_token_written_back_when_the_largest_counter_is_missing(
     p1, p2, p3 = await _processes(make_redlock, 3)
     # A's counter runs far ahead of the clocks (reservations, a skewed clock).
     ahead = _server_clock_us(a) + 10**12
-    a.execute("HSET", _fence_key("wb"), "t", ahead)
+    _set_counter(a, "wb", ahead)
     c.pause()
     first = await p1.lock("wb").acquire(timeout=10)  # quorum {A, B}
     assert first.fencing_token > ahead
@@ -269,7 +308,7 @@ async def test_master_back_empty_is_not_trusted_for_lost_counters(
     a, b, c = masters
     p1, p2, p3, p4 = await _processes(make_redlock, 4)
     ahead = _server_clock_us(a) + 10**12
-    a.execute("HSET", _fence_key("empty"), "t", ahead)
+    _set_counter(a, "empty", ahead)
     c.pause()
     first = await p1.lock("empty").acquire(timeout=10)  # accepted by A and B only
     assert first.fencing_token > ahead
@@ -303,11 +342,6 @@ async def test_master_back_empty_is_not_trusted_for_lost_counters(
     await _nothing_held(masters, "empty", p1, p2, p3, p4)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review of issue 12: a master restarted from an older snapshot keeps its "
-    "generation marker, so its stale counters are trusted (see aiolock/_redlock.py's proof)",
-)
 async def test_master_back_from_a_stale_snapshot_keeps_tokens_increasing(
     make_redlock: MakeRedlock, masters: list[ServerProcess]
 ) -> None:
@@ -327,7 +361,7 @@ async def test_master_back_from_a_stale_snapshot_keeps_tokens_increasing(
     try:
         p1 = Redlock([*near, cut_off])
         ahead = _server_clock_us(a) + 10**12
-        a.execute("HSET", _fence_key("stale"), "t", ahead)
+        _set_counter(a, "stale", ahead)
         first = await p1.lock("stale").acquire(timeout=10)  # accepted by A and B only
         assert first.fencing_token > ahead
         await first.release()
@@ -378,9 +412,13 @@ async def test_two_masters_down_acquire_fails_and_leaves_nothing(
     masters[0].kill()
     masters[2].pause()
     start = time.monotonic()
+    timeout = 1.0
     with pytest.raises((LockTimeoutError, ConnectionFailedError)):
-        await lock.acquire(timeout=1.0)
-    assert time.monotonic() - start < 6
+        await lock.acquire(timeout=timeout)
+    # The timeout, then the attempt under way at most: its round (MASTER_TIMEOUT
+    # for the paused master) and its undo (UNDO_WAIT), with 1 s of slack for a
+    # loaded CI box.
+    assert time.monotonic() - start < timeout + MASTER_TIMEOUT + UNDO_WAIT + 1.0
     await _nothing_held([masters[1]], "two-down", rl)
 
 
@@ -419,7 +457,7 @@ async def test_cancelled_acquire_at_every_await_leaves_nothing(
     lock = rl.lock("cancel")
     if path == "write-back":
         for server in masters:
-            server.execute("HSET", _fence_key("cancel"), "t", _server_clock_us(server) + 10**12)
+            _set_counter(server, "cancel", _server_clock_us(server) + 10**12)
     steps = 0
     while True:
         task = asyncio.create_task(lock.acquire(timeout=5))
