@@ -26,7 +26,7 @@ from aiolock import (
     LockTimeoutError,
     Redlock,
 )
-from aiolock._redlock import MASTER_TIMEOUT, UNDO_WAIT
+from aiolock._redlock import ATTEMPT_LIMIT, MASTER_TIMEOUT, UNDO_WAIT
 from tests.core_util import eventually
 from tests.servers import ServerProcess, binary_for, find_free_port
 
@@ -112,6 +112,13 @@ async def _nothing_held(masters: list[ServerProcess], name: str, *redlocks: Redl
         lambda: not any(_held_on(s, name) for s in up) and not any(rl._holds for rl in redlocks),
         what=f"no key of {name!r} left, no hold",
     )
+
+
+async def _seeds_sent(rl: Redlock) -> None:
+    """Waits for the seeds ``rl`` has under way (its background ``_quietly`` calls)."""
+    for master in rl._masters:
+        seeds = [t for t in master.engine.background if "_quietly" in repr(t.get_coro())]
+        await asyncio.gather(*seeds)
 
 
 def _server_clock_us(server: ServerProcess) -> int:
@@ -325,20 +332,34 @@ async def test_master_back_empty_is_not_trusted_for_lost_counters(
     second = await p2.lock("empty").acquire(timeout=10)  # A is back: it carries the token
     assert second.fencing_token > first.fencing_token
     await second.release()
-    # A majority accepted that token: B, refusing it as untrusted, was seeded
-    # with it (its generation unchanged since read): it vouches for it now.
+    # B refused it as untrusted, but is not seeded with it: second began less
+    # than ATTEMPT_LIMIT after B's new life did, and could have overlapped an
+    # attempt that reached B's previous life (its token maybe below theirs).
+    await _seeds_sent(p2)
+    assert b.execute("HGET", _fence_key("empty"), "t") is None
+    # Once B's generation is ATTEMPT_LIMIT old (on B's clock), a hand-out seeds it.
+    created = int(b.execute("GET", "aiolock:redlock:gen").split("/")[1])
     await eventually(
-        lambda: b.execute("HGET", _fence_key("empty"), "t") == str(second.fencing_token),
-        what="B seeded with the token",
+        lambda: _server_clock_us(b) - created > ATTEMPT_LIMIT * 1_000_000,
+        what="B's generation ATTEMPT_LIMIT old",
     )
-    a.pause()
     third = await p3.lock("empty").acquire(timeout=10)
     assert third.fencing_token > second.fencing_token
     await third.release()
-    a.resume()
+    # A majority accepted that token: B, refusing it as untrusted, was seeded
+    # with it (its generation unchanged since read): it vouches for it now.
+    await eventually(
+        lambda: b.execute("HGET", _fence_key("empty"), "t") == str(third.fencing_token),
+        what="B seeded with the token",
+    )
+    a.pause()
     fourth = await p4.lock("empty").acquire(timeout=10)
     assert fourth.fencing_token > third.fencing_token
     await fourth.release()
+    a.resume()
+    fifth = await p1.lock("empty").acquire(timeout=10)
+    assert fifth.fencing_token > fourth.fencing_token
+    await fifth.release()
     await _nothing_held(masters, "empty", p1, p2, p3, p4)
 
 

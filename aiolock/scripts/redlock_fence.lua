@@ -11,8 +11,8 @@
 -- ARGV[4]  new_gen      a random id: this master's generation id if it has none
 -- ARGV[5]  seed_gen     "" (a write-back), or a generation id (a seed, below)
 -- ARGV[6]  seed_age_us  a seed is written only if the generation is at least this old
---                       (one lease: every attempt that touched the master's previous
---                       life has ended); "0" for a write-back
+--                       (ATTEMPT_LIMIT: the caller checks more, see _redlock.py's
+--                       _seed); "0" for a write-back
 -- ARGV[7..] roster      the founding generation ids the caller knows (added to
 --                       the roster if it has none)
 --
