@@ -822,7 +822,10 @@ class Redlock:
     def _release_decided(
         self, hold: Hold, outcome: asyncio.Future[int], replies: list[Any]
     ) -> None:
-        """The first replies of a release are in (see ``release_hold``)."""
+        """The first replies of a release are in (see ``release_hold``).
+        Every master that failed or had not answered yet is released again
+        in the background (by value: idempotent), also when a majority
+        confirmed; the caller waits for those only when none confirmed."""
         name, value = hold.name, hold.release_args[0]
 
         async def again(master: _Master) -> Any:
@@ -836,7 +839,7 @@ class Redlock:
         retries = [
             self._spawn(again(m))
             for m, r in zip(self._masters, replies, strict=True)
-            if isinstance(r, BaseException) or (r is None and 1 not in replies)
+            if isinstance(r, BaseException) or r is None
         ]
         if retries and 1 not in replies:
             self._spawn(self._release_slowly(hold, outcome, replies, retries))

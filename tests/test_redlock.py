@@ -28,7 +28,7 @@ from aiolock import (
 )
 from aiolock._redlock import ATTEMPT_LIMIT, MASTER_TIMEOUT, UNDO_WAIT
 from tests.core_util import eventually
-from tests.servers import ServerProcess, binary_for, find_free_port
+from tests.servers import ServerProcess, TcpProxy, binary_for, find_free_port
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -635,3 +635,31 @@ def test_readme_redlock_example_runs_as_written(masters: list[ServerProcess]) ->
     )
     assert done.returncode == 0, done.stderr
     assert "held on a majority, fencing token" in done.stdout
+
+
+async def test_release_retries_a_master_that_had_not_answered(
+    masters: list[ServerProcess],
+) -> None:
+    """A release returns once a majority confirmed it; a master that had not
+    answered by then (its reply lost: a black-holed connection) is released
+    again in the background, so its key does not stay until its TTL."""
+    a, b, c = masters
+    async with TcpProxy.to(c) as proxy:
+        clients = [
+            Client.from_url(a.url, command_timeout=1.0),
+            Client.from_url(b.url, command_timeout=1.0),
+            Client.from_url(proxy.url, command_timeout=1.0),
+        ]
+        try:
+            lease = await Redlock(clients).lock("again").acquire(timeout=10)
+            await eventually(lambda: all(_held_on(s, "again") for s in masters), what="held")
+            proxy.blackhole()
+            await lease.release()  # confirmed by A and B
+            assert _held_on(c, "again")
+            proxy.cut()  # the request held in the black hole is lost
+            proxy.restore()
+            # Well before the key's TTL (the Client's lease, 30 s).
+            await eventually(lambda: not _held_on(c, "again"), what="released on C", timeout=10)
+        finally:
+            for client in clients:
+                await client.aclose()
