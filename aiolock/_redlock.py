@@ -21,7 +21,9 @@ the rule below, in the same script. It succeeds when
    case, one round trip), or else a token chosen from what was read,
    ``max(counter + 1, server clock in us)`` over every reply, in a second
    round (``redlock_fence.lua``, the write-back),
-3. all within the validity ``lease - elapsed - drift * lease - 2 ms``.
+3. all within the validity ``lease - elapsed - drift * lease - 2 ms``, and
+   within ``ATTEMPT_LIMIT`` (4 s) of the attempt's start (its rounds take at
+   most ``MASTER_TIMEOUT`` each: the limit only bounds a stalled process).
 
 A failed attempt releases its value on **every** master (by value, so also
 where its reply was lost or late; idempotent) before the task waits or
@@ -49,43 +51,63 @@ both scripts). A master accepts ``T`` when
 is at least every clock read: tokens stay above the server clocks, the floor
 for a counter that expired, as with one server.)
 
-Each master keeps a generation marker (``<prefix>:redlock:gen``: a random id
-and its creation time on the server's clock, no TTL), created by the first
-script that runs there: a master that came back empty has a new, young one.
-The roster (``<prefix>:redlock:roster``, no TTL) holds the *founding*
+Each master keeps a generation marker (``<prefix>:redlock:gen``: a random id,
+its creation time on the server's clock, and the server's ``run_id``; no
+TTL), created by the first script that runs there, and created anew by the
+first script that finds a ``run_id`` other than the server's (``INFO
+server``, read in the script: a key cannot tell a new server life, as a
+snapshot restores keys). So any new server life has a new, young
+generation: a master that came back empty, one restarted from an RDB
+snapshot or an AOF that missed its last writes (``appendfsync everysec``), a
+replica promoted in its place (under Sentinel: its ``run_id`` is its own),
+and also one restarted with all its data (the price: see below). Each fence
+counter is tagged with the generation that wrote it (field ``g``); a counter
+of another generation (restored from an older life, maybe stale) counts as
+absent. The roster (``<prefix>:redlock:roster``, no TTL) holds the *founding*
 generations: a Redlock whose attempt read no roster on *all* N masters
 founds it with the N generations it read (a new deployment), and every
 later attempt passes the roster it knows, added to a master that has none. A
 generation is trusted if it is in the roster the attempt passes, or at least
-``FENCE_RETENTION`` (24 h, the counters' retention) old. A young generation
-not in the roster is a master that came back empty: its absent counters may
-be lost ones, so it accepts no token for them (its present counters, written
-since, are fine) until 24 h have passed. Once a majority accepted a token,
-a master that refused it as untrusted is *seeded* with it (in the
-background, and only if its generation is still the one the attempt read:
-it did not come back empty again meanwhile), so it vouches for that name
-from then on. Safety over liveness: with one master down and another back
-empty, a name the latter has not been seeded with since cannot be acquired
-(the attempt fails, and is retried until the caller's timeout).
+``FENCE_RETENTION`` (24 h, the counters' retention) old on the server's
+clock. A young generation not in the roster is a master in a new life: its
+absent counters may be lost ones, so it accepts no token for them (its
+counters written since, in this generation, are fine) until 24 h have
+passed. Once a majority accepted a token, a master that refused it as
+untrusted is *seeded* with it (in the background, and only if its
+generation is still the one the attempt read: it did not start a new life
+again meanwhile; and only if the attempt began ``ATTEMPT_LIMIT`` after that
+generation did, see ``_seed``), so it vouches for that name from then on. Safety over
+liveness: with one master down and another in a new life (any restart, a
+failover), a name the latter has not been seeded with since cannot be
+acquired (the attempt fails, and is retried until the caller's timeout).
 
 Proof sketch. Let B hand out ``T_B`` after the majority ``V_B`` accepted it,
 and let A's acceptances (its proposal or its write-back) begin after that
 and succeed on the majority ``V_A``. Some master ``m`` is in both. If ``m``
-kept its data, its counter is at least ``T_B`` when A's token reaches it, so
-accepting ``T_A`` means ``T_A > T_B``. If ``m`` lost its data since, its
-generation is younger than B's acceptance there; its absent counter is
-accepted only if that generation is 24 h old (B's counter had then expired
-everywhere: the clock floor remains, as for one server) or founding, and a
-founding after B's hand-out needs every master without a roster, i.e. every
-master of ``V_B`` (a majority) emptied. A counter present on ``m`` since was
-created by an acceptance under the same rule, or by a seed of a token a
-majority accepted after ``m``'s restart (the generation check), so the same
-holds by induction. Hence tokens increase strictly in the order of hand-out
-(no timing assumption needed), whatever the quorums, unless a majority of
-masters lose their data within 24 h (then only the clock floor orders them)
-or a counter expires after 24 h unused. Mutual exclusion itself still rests
-on timing (bounded pauses, clock drift, delays), as in every lease-based
-lock; the token is what makes a resource that checks it safe anyway.
+is in the server life that accepted ``T_B`` (same ``run_id``, hence the same
+generation and the counter it wrote: a life loses no write), its counter is
+at least ``T_B`` when A's token reaches it, so accepting ``T_A`` means ``T_A >
+T_B``. If ``m`` started a new life since (empty, from an older snapshot or
+AOF, or promoted), its generation is younger than B's acceptance there, and
+every counter it has from before is tagged with an older generation, so
+absent; an absent counter is accepted only if the generation is 24 h old
+(B's counter had then expired everywhere: the clock floor remains, as for
+one server) or founding, and a founding after B's hand-out needs every
+master without a roster, i.e. every master of ``V_B`` (a majority) emptied.
+A counter of ``m``'s current generation was written by an acceptance under
+the same rule, or by a seed of a token whose attempt began after every
+attempt that reached ``m``'s previous life had ended (so it is above all
+their tokens, by this argument), so the same holds by induction.
+Hence tokens increase in the order of hand-out, whatever the quorums, unless
+a majority of masters lose their data within 24 h (then only the clock floor
+orders them) or a counter expires after 24 h unused. No timing assumption
+beyond these: an attempt hands out its token within ``ATTEMPT_LIMIT`` of its
+start on its own clock (checked), and server clocks run at the rate of the
+clients' (the seed's age check and the 24 h rule read them: a server clock
+jumping forward trusts a young generation early). Mutual exclusion itself still
+rests on timing (bounded pauses, clock drift, delays), as in every
+lease-based lock; the token is what makes a resource that checks it safe
+anyway.
 """
 
 from __future__ import annotations
@@ -129,6 +151,11 @@ CLOCK_SLACK = 0.002
 MASTER_TIMEOUT = 1.0
 #: A failed attempt waits at most this long for its undo before the task waits or retries.
 UNDO_WAIT = 0.5
+#: An attempt hands out its token only this soon after it started (and within
+#: its validity): its rounds take at most MASTER_TIMEOUT each. A master in a
+#: new life is seeded only by an attempt that began this long after the new
+#: life did: every attempt that reached its previous life has ended by then.
+ATTEMPT_LIMIT = 4 * MASTER_TIMEOUT
 _RETENTION_US = int(FENCE_RETENTION * 1_000_000)
 #: A proposed token runs this far ahead of the proposer's clock (in microseconds),
 #: so that it is not below the masters' clocks when it arrives.
@@ -639,9 +666,13 @@ class Redlock:
 
         def late(i: int) -> None:
             # A read that came after the attempt decided: seed its master if it
-            # refused or could not vouch (see _accepted).
-            if handed:
-                self._seed(name, handed[0], i, replies[i], None)
+            # refused or could not vouch (see _accepted); not if it accepted
+            # the token handed out (the proposal).
+            if not handed:
+                return
+            reply = replies[i]
+            if not (isinstance(reply, list) and reply[6] == 1 and handed[0] == proposed):
+                self._seed(name, handed[0], i, reply, None, start)
 
         replies = await self._round("redlock_acquire", acquire, per_call, decided, late)
         answers = [r for r in replies if isinstance(r, list)]
@@ -678,11 +709,11 @@ class Redlock:
             self._roster = tuple(sorted(roster))
         codes = [r[6] if isinstance(r, list) else None for r in replies]
         if sum(1 for c in codes if c == 1) >= majority:
-            if loop.time() >= start + validity:
+            if loop.time() >= start + min(validity, ATTEMPT_LIMIT):
                 await self._undo_and_wait(name, value, replies)
                 return None, _backoff(lease_s)
             handed.append(proposed)
-            self._accepted(name, proposed, replies, codes)
+            self._accepted(name, proposed, replies, codes, start)
             return (proposed, start + validity), None
         # The write-back round: a token above every counter read (and above
         # the proposal, where it was accepted), never below a server clock.
@@ -700,6 +731,7 @@ class Redlock:
                 _RETENTION_US,
                 secrets.token_hex(8),
                 "",
+                0,
                 *founders,
             )
             return keys, args
@@ -714,16 +746,22 @@ class Redlock:
             max(min(left, MASTER_TIMEOUT), 0.0),
             lambda rs: accepted(rs) >= majority,
         )
-        if accepted(acks) >= majority and loop.time() < start + validity:
+        if accepted(acks) >= majority and loop.time() < start + min(validity, ATTEMPT_LIMIT):
             handed.append(token)
             self._accepted(
-                name, token, replies, [a[0] if isinstance(a, list) else None for a in acks]
+                name,
+                token,
+                replies,
+                [a[0] if isinstance(a, list) else None for a in acks],
+                start,
             )
             return (token, start + validity), None
         await self._undo_and_wait(name, value, replies)
         return None, _backoff(lease_s)
 
-    def _accepted(self, name: str, token: int, replies: list[Any], codes: list[Any]) -> None:
+    def _accepted(
+        self, name: str, token: int, replies: list[Any], codes: list[Any], start: float
+    ) -> None:
         """A majority accepted ``token``: remember it as the name's last, and
         seed it, in the background, on the masters that refused it as
         untrusted (back empty), so that they vouch for the name from now on.
@@ -736,22 +774,42 @@ class Redlock:
         if len(last) > LAST_TOKENS:
             del last[next(iter(last))]
         for i, (reply, code) in enumerate(zip(replies, codes, strict=True)):
-            self._seed(name, token, i, reply, code)
+            self._seed(name, token, i, reply, code, start)
 
-    def _seed(self, name: str, token: int, i: int, reply: Any, code: Any) -> None:
+    def _seed(self, name: str, token: int, i: int, reply: Any, code: Any, start: float) -> None:
         """Seed master ``i`` with ``token`` (a majority accepted it) if it
         refused it as untrusted (``code`` -1), or did not answer in time and
         its counter was absent when ``reply`` read it. A seed where it is not
         needed changes nothing; one is never sent without the read (its
-        generation is the guard)."""
+        generation is the guard).
+
+        Only if the attempt (started at ``start``, on the loop's clock) began
+        at least ``ATTEMPT_LIMIT`` after the master's generation was created:
+        its read there shows the generation's age on the server's clock, and
+        the attempt began at most ``now - start`` before that read. Then every
+        attempt that reached the master's previous life had ended (handed out
+        or given up) before this one began, so ``token`` is above each token
+        they handed out; a seed from an attempt that overlapped them could
+        be below one (a late reply of a slow request, say)."""
         if not isinstance(reply, list) or not (
             code == -1 or (code is None and not _decode(reply[2]))
         ):
             return
+        seed_gen, created = _decode(reply[4]).split("/")[:2]
+        age_us = int(_decode(reply[3])) - int(created)
+        before_read = asyncio.get_running_loop().time() - start
+        if age_us < (ATTEMPT_LIMIT + before_read) * 1_000_000:
+            return
         master = self._masters[i]
-        seed_gen = _decode(reply[4]).split("/", 1)[0]
         keys = master.keys(name).write_back
-        args = (token, to_ms(FENCE_RETENTION), _RETENTION_US, secrets.token_hex(8), seed_gen)
+        args = (
+            token,
+            to_ms(FENCE_RETENTION),
+            _RETENTION_US,
+            secrets.token_hex(8),
+            seed_gen,
+            int(ATTEMPT_LIMIT * 1_000_000),
+        )
         self._spawn(self._quietly(master.engine.eval("redlock_fence", keys, args)))
 
     @staticmethod
@@ -764,7 +822,10 @@ class Redlock:
     def _release_decided(
         self, hold: Hold, outcome: asyncio.Future[int], replies: list[Any]
     ) -> None:
-        """The first replies of a release are in (see ``release_hold``)."""
+        """The first replies of a release are in (see ``release_hold``).
+        Every master that failed or had not answered yet is released again
+        in the background (by value: idempotent), also when a majority
+        confirmed; the caller waits for those only when none confirmed."""
         name, value = hold.name, hold.release_args[0]
 
         async def again(master: _Master) -> Any:
@@ -778,7 +839,7 @@ class Redlock:
         retries = [
             self._spawn(again(m))
             for m, r in zip(self._masters, replies, strict=True)
-            if isinstance(r, BaseException) or (r is None and 1 not in replies)
+            if isinstance(r, BaseException) or r is None
         ]
         if retries and 1 not in replies:
             self._spawn(self._release_slowly(hold, outcome, replies, retries))

@@ -26,8 +26,9 @@ from aiolock import (
     LockTimeoutError,
     Redlock,
 )
+from aiolock._redlock import ATTEMPT_LIMIT, MASTER_TIMEOUT, UNDO_WAIT
 from tests.core_util import eventually
-from tests.servers import ServerProcess, binary_for
+from tests.servers import ServerProcess, TcpProxy, binary_for, find_free_port
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -40,6 +41,14 @@ def _lock_key(name: str) -> str:
 
 def _fence_key(name: str) -> str:
     return f"aiolock:{{{name}}}:rl:fence"
+
+
+def _set_counter(server: ServerProcess, name: str, token: int) -> None:
+    """Sets ``name``'s fence counter on ``server`` to ``token``, written in the
+    server's current generation (a counter of another one counts as absent)."""
+    generation = server.execute("GET", "aiolock:redlock:gen")
+    assert generation, "no generation yet: run a Redlock script on the server first"
+    server.execute("HSET", _fence_key(name), "t", token, "g", generation.split("/", 1)[0])
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +112,13 @@ async def _nothing_held(masters: list[ServerProcess], name: str, *redlocks: Redl
         lambda: not any(_held_on(s, name) for s in up) and not any(rl._holds for rl in redlocks),
         what=f"no key of {name!r} left, no hold",
     )
+
+
+async def _seeds_sent(rl: Redlock) -> None:
+    """Waits for the seeds ``rl`` has under way (its background ``_quietly`` calls)."""
+    for master in rl._masters:
+        seeds = [t for t in master.engine.background if "_quietly" in repr(t.get_coro())]
+        await asyncio.gather(*seeds)
 
 
 def _server_clock_us(server: ServerProcess) -> int:
@@ -204,9 +220,26 @@ async def test_mutual_exclusion_between_two_redlocks(
     await _nothing_held(masters, "shared", a, b)
 
 
-async def test_waiter_wakes_on_release_not_by_polling(make_redlock: MakeRedlock) -> None:
+def _subscribers(server: ServerProcess, channel: bytes) -> int:
+    return int(server.execute("PUBSUB", "NUMSUB", channel)[1])
+
+
+async def test_waiter_wakes_on_release_not_by_polling(
+    make_redlock: MakeRedlock, masters: list[ServerProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
     holder, waiter = await make_redlock(), await make_redlock()
-    lease = await holder.lock("wake").acquire()  # watchdog lease: 30 s TTL
+    lease = await holder.lock("wake").acquire()  # watchdog lease: 30 s TTL, renewed every 10 s
+    channel = f"{_lock_key('wake')}:ch".encode()
+    attempts: list[asyncio.Future[Any]] = []  # the waiter's attempts (one round each)
+    attempt = Redlock._attempt
+
+    def counted(self: Redlock, *args: Any) -> asyncio.Future[Any]:
+        future = asyncio.ensure_future(attempt(self, *args))
+        if self is waiter:
+            attempts.append(future)
+        return future
+
+    monkeypatch.setattr(Redlock, "_attempt", counted)
     got: asyncio.Future[float] = asyncio.get_running_loop().create_future()
 
     async def wait_for_it() -> None:
@@ -215,14 +248,27 @@ async def test_waiter_wakes_on_release_not_by_polling(make_redlock: MakeRedlock)
         await mine.release()
 
     task = asyncio.create_task(wait_for_it())
-    await asyncio.sleep(0.3)  # parked by now (its TTL-bounded retry is 30 s away)
+    # Parked: subscribed on every master, after its two tries (one before
+    # subscribing, one after: a release in between is not missed). Its next
+    # try is the holder's TTL (30 s) away.
+    await eventually(
+        lambda: (
+            all(_subscribers(s, channel) == 1 for s in masters)
+            and len(attempts) == 2
+            and attempts[1].done()
+        ),
+        what="the waiter parked",
+    )
     assert not got.done()
     released = time.monotonic()
     await lease.release()
     woke = await asyncio.wait_for(got, 10)
     await task
-    # Woken by the release's message: far sooner than its next retry (the TTL, 30 s).
-    assert woke - released < 2.0
+    # One try after parking, the one that succeeded: it did not poll.
+    assert len(attempts) == 3
+    # Woken by the release's message: within the release and one attempt's
+    # round (each bounded by MASTER_TIMEOUT), far sooner than its next try (30 s).
+    assert woke - released < 2 * MASTER_TIMEOUT
 
 
 # -- fencing when the quorum changes ----------------------------------------------------------
@@ -245,7 +291,7 @@ async def test_token_written_back_when_the_largest_counter_is_missing(
     p1, p2, p3 = await _processes(make_redlock, 3)
     # A's counter runs far ahead of the clocks (reservations, a skewed clock).
     ahead = _server_clock_us(a) + 10**12
-    a.execute("HSET", _fence_key("wb"), "t", ahead)
+    _set_counter(a, "wb", ahead)
     c.pause()
     first = await p1.lock("wb").acquire(timeout=10)  # quorum {A, B}
     assert first.fencing_token > ahead
@@ -269,7 +315,7 @@ async def test_master_back_empty_is_not_trusted_for_lost_counters(
     a, b, c = masters
     p1, p2, p3, p4 = await _processes(make_redlock, 4)
     ahead = _server_clock_us(a) + 10**12
-    a.execute("HSET", _fence_key("empty"), "t", ahead)
+    _set_counter(a, "empty", ahead)
     c.pause()
     first = await p1.lock("empty").acquire(timeout=10)  # accepted by A and B only
     assert first.fencing_token > ahead
@@ -286,21 +332,76 @@ async def test_master_back_empty_is_not_trusted_for_lost_counters(
     second = await p2.lock("empty").acquire(timeout=10)  # A is back: it carries the token
     assert second.fencing_token > first.fencing_token
     await second.release()
-    # A majority accepted that token: B, refusing it as untrusted, was seeded
-    # with it (its generation unchanged since read): it vouches for it now.
+    # B refused it as untrusted, but is not seeded with it: second began less
+    # than ATTEMPT_LIMIT after B's new life did, and could have overlapped an
+    # attempt that reached B's previous life (its token maybe below theirs).
+    await _seeds_sent(p2)
+    assert b.execute("HGET", _fence_key("empty"), "t") is None
+    # Once B's generation is ATTEMPT_LIMIT old (on B's clock), a hand-out seeds it.
+    created = int(b.execute("GET", "aiolock:redlock:gen").split("/")[1])
     await eventually(
-        lambda: b.execute("HGET", _fence_key("empty"), "t") == str(second.fencing_token),
-        what="B seeded with the token",
+        lambda: _server_clock_us(b) - created > ATTEMPT_LIMIT * 1_000_000,
+        what="B's generation ATTEMPT_LIMIT old",
     )
-    a.pause()
     third = await p3.lock("empty").acquire(timeout=10)
     assert third.fencing_token > second.fencing_token
     await third.release()
-    a.resume()
+    # A majority accepted that token: B, refusing it as untrusted, was seeded
+    # with it (its generation unchanged since read): it vouches for it now.
+    await eventually(
+        lambda: b.execute("HGET", _fence_key("empty"), "t") == str(third.fencing_token),
+        what="B seeded with the token",
+    )
+    a.pause()
     fourth = await p4.lock("empty").acquire(timeout=10)
     assert fourth.fencing_token > third.fencing_token
     await fourth.release()
+    a.resume()
+    fifth = await p1.lock("empty").acquire(timeout=10)
+    assert fifth.fencing_token > fourth.fencing_token
+    await fifth.release()
     await _nothing_held(masters, "empty", p1, p2, p3, p4)
+
+
+async def test_master_back_from_a_stale_snapshot_keeps_tokens_increasing(
+    make_redlock: MakeRedlock, masters: list[ServerProcess]
+) -> None:
+    """As ``test_master_back_empty_is_not_trusted_for_lost_counters``, but B
+    comes back with its data of before the first acquisition (an RDB snapshot:
+    Redis' default persistence; an ``appendfsync everysec`` AOF; a replica
+    promoted by a failover), not empty: its generation marker is the old one,
+    so the generation rule does not see that it lost the token."""
+    a, b, c = masters
+    (p2,) = await _processes(make_redlock, 1)  # founds the roster over A, B, C
+    b.execute("SAVE")  # B's snapshot: its generation and roster, no counter for the name
+    dump = b.directory / "dump.rdb"
+    # p1 reaches A and B only (C is cut off from it: a partition), so C never
+    # hears of p1's token, and stays in its trusted generation.
+    cut_off = Client.from_url(f"redis://127.0.0.1:{find_free_port()}", command_timeout=1.0)
+    near = [Client.from_url(s.url, command_timeout=3.0) for s in (a, b)]
+    try:
+        p1 = Redlock([*near, cut_off])
+        ahead = _server_clock_us(a) + 10**12
+        _set_counter(a, "stale", ahead)
+        first = await p1.lock("stale").acquire(timeout=10)  # accepted by A and B only
+        assert first.fencing_token > ahead
+        await first.release()
+    finally:
+        for client in (*near, cut_off):
+            await client.aclose()
+    try:
+        b.restart()  # B loads its snapshot: the token it accepted is gone
+    finally:
+        dump.unlink(missing_ok=True)  # the next restarts of B come back empty
+    assert b.execute("HGET", _fence_key("stale"), "t") is None
+    assert c.execute("HGET", _fence_key("stale"), "t") is None
+    a.pause()  # the quorum left is {B, C}: neither knows the token any more
+    second = await p2.lock("stale").try_acquire(5)
+    a.resume()
+    if second is not None:
+        await second.release()
+        assert second.fencing_token > first.fencing_token
+    await _nothing_held(masters, "stale", p2)
 
 
 # -- masters down -----------------------------------------------------------------------------
@@ -332,9 +433,13 @@ async def test_two_masters_down_acquire_fails_and_leaves_nothing(
     masters[0].kill()
     masters[2].pause()
     start = time.monotonic()
+    timeout = 1.0
     with pytest.raises((LockTimeoutError, ConnectionFailedError)):
-        await lock.acquire(timeout=1.0)
-    assert time.monotonic() - start < 6
+        await lock.acquire(timeout=timeout)
+    # The timeout, then the attempt under way at most: its round (MASTER_TIMEOUT
+    # for the paused master) and its undo (UNDO_WAIT), with 1 s of slack for a
+    # loaded CI box.
+    assert time.monotonic() - start < timeout + MASTER_TIMEOUT + UNDO_WAIT + 1.0
     await _nothing_held([masters[1]], "two-down", rl)
 
 
@@ -373,7 +478,7 @@ async def test_cancelled_acquire_at_every_await_leaves_nothing(
     lock = rl.lock("cancel")
     if path == "write-back":
         for server in masters:
-            server.execute("HSET", _fence_key("cancel"), "t", _server_clock_us(server) + 10**12)
+            _set_counter(server, "cancel", _server_clock_us(server) + 10**12)
     steps = 0
     while True:
         task = asyncio.create_task(lock.acquire(timeout=5))
@@ -530,3 +635,31 @@ def test_readme_redlock_example_runs_as_written(masters: list[ServerProcess]) ->
     )
     assert done.returncode == 0, done.stderr
     assert "held on a majority, fencing token" in done.stdout
+
+
+async def test_release_retries_a_master_that_had_not_answered(
+    masters: list[ServerProcess],
+) -> None:
+    """A release returns once a majority confirmed it; a master that had not
+    answered by then (its reply lost: a black-holed connection) is released
+    again in the background, so its key does not stay until its TTL."""
+    a, b, c = masters
+    async with TcpProxy.to(c) as proxy:
+        clients = [
+            Client.from_url(a.url, command_timeout=1.0),
+            Client.from_url(b.url, command_timeout=1.0),
+            Client.from_url(proxy.url, command_timeout=1.0),
+        ]
+        try:
+            lease = await Redlock(clients).lock("again").acquire(timeout=10)
+            await eventually(lambda: all(_held_on(s, "again") for s in masters), what="held")
+            proxy.blackhole()
+            await lease.release()  # confirmed by A and B
+            assert _held_on(c, "again")
+            proxy.cut()  # the request held in the black hole is lost
+            proxy.restore()
+            # Well before the key's TTL (the Client's lease, 30 s).
+            await eventually(lambda: not _held_on(c, "again"), what="released on C", timeout=10)
+        finally:
+            for client in clients:
+                await client.aclose()

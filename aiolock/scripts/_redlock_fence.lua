@@ -4,14 +4,21 @@
 --
 -- server_clock_us() -> number    the server clock in microseconds
 -- generation(gen_key, new_id, clock) -> gen, id, created
---   This master's generation "<id>/<created us>" (created now with new_id,
---   without a TTL, if it has none: the master is new or came back empty).
+--   This master's generation "<id>/<created us>/<run_id>" (created now with
+--   new_id, without a TTL, if it has none: the master is new or came back
+--   empty; or if its run_id is not the server's: the server restarted, maybe
+--   from an older snapshot or AOF, or a replica was promoted, since it was
+--   written). The run_id comes from INFO server: a key cannot tell a new
+--   server life, as a snapshot restores keys.
 -- add_roster(roster_key, from)   adds ARGV[from..] (founding generation ids) to
 --   the roster if it is empty (a master back empty learns it again).
+-- counter(fence_key, id) -> t or false
+--   The fence counter t written in generation id (the hash's field g); a
+--   counter of another generation (restored from an older life) is absent.
 -- fence_accept(fence_key, id, created, clock, token, retention_ms, trust_us, from)
---   -> 1 accepted: t was present and below token, or absent with a trusted
---        generation (in ARGV[from..], or at least trust_us old); t = token,
---        the hash's TTL reset to retention_ms;
+--   -> 1 accepted: t (of this generation) was present and below token, or
+--        absent with a trusted generation (in ARGV[from..], or at least
+--        trust_us old); t = token, g = id, the hash's TTL reset to retention_ms;
 --      0 refused: t >= token already;
 --     -1 refused: t absent and the generation untrusted (came back empty
 --        less than trust_us ago, after the roster was founded).
@@ -21,13 +28,25 @@ local function server_clock_us()
 end
 
 local function generation(gen_key, new_id, clock)
+    local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
     local gen = redis.call('GET', gen_key)
-    if not gen then
-        gen = new_id .. '/' .. string.format('%d', clock)
-        redis.call('SET', gen_key, gen)
+    if gen then
+        local id, created, of = string.match(gen, '^([^/]+)/(%d+)/(%x+)$')
+        if of == run_id then
+            return gen, id, tonumber(created)
+        end
     end
-    local sep = string.find(gen, '/', 1, true)
-    return gen, string.sub(gen, 1, sep - 1), tonumber(string.sub(gen, sep + 1))
+    gen = new_id .. '/' .. string.format('%d', clock) .. '/' .. run_id
+    redis.call('SET', gen_key, gen)
+    return gen, new_id, clock
+end
+
+local function counter(fence_key, id)
+    local tg = redis.call('HMGET', fence_key, 't', 'g')
+    if tg[1] and tg[2] == id then
+        return tg[1]
+    end
+    return false
 end
 
 local function add_roster(roster_key, from)
@@ -37,7 +56,7 @@ local function add_roster(roster_key, from)
 end
 
 local function fence_accept(fence_key, id, created, clock, token, retention_ms, trust_us, from)
-    local last = redis.call('HGET', fence_key, 't')
+    local last = counter(fence_key, id)
     if last then
         if tonumber(last) >= tonumber(token) then
             return 0
@@ -56,7 +75,7 @@ local function fence_accept(fence_key, id, created, clock, token, retention_ms, 
             return -1
         end
     end
-    redis.call('HSET', fence_key, 't', token)
+    redis.call('HSET', fence_key, 't', token, 'g', id)
     redis.call('PEXPIRE', fence_key, retention_ms)
     return 1
 end

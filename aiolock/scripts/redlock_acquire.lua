@@ -3,8 +3,8 @@
 -- token at once if this master can (see aiolock/_redlock.py).
 --
 -- KEYS[1]  lock key     <prefix>:{<name>}:rl         string "<owner>|<attempt id>", with a TTL
--- KEYS[2]  fence hash   <prefix>:{<name>}:rl:fence   field t -> highest token accepted here
--- KEYS[3]  generation   <prefix>:redlock:gen         "<random id>/<created, server clock us>", no TTL
+-- KEYS[2]  fence hash   <prefix>:{<name>}:rl:fence   t -> highest token accepted here, g -> its generation id
+-- KEYS[3]  generation   <prefix>:redlock:gen         "<random id>/<created, server clock us>/<run_id>", no TTL
 -- KEYS[4]  roster       <prefix>:redlock:roster      set: the founding generation ids
 -- ARGV[1]  value        "<owner>|<attempt id>" (unique per attempt)
 -- ARGV[2]  lease_ms     TTL of the lock key
@@ -24,9 +24,9 @@
 --   pttl     the holder's remaining TTL in ms when not granted (-1: no TTL), else 0;
 --   counter  the fence counter before this call (decimal string), or "" if
 --            absent (never accepted a token in this master's current
---            generation, or expired);
+--            generation: a counter of an older one is absent; or expired);
 --   clock_us the server clock in microseconds (decimal string);
---   generation  "<id>/<created us>";
+--   generation  "<id>/<created us>/<run_id>";
 --   roster   the founding generation ids this master knows (maybe empty);
 --   accepted the proposed token's fate: fence_accept's 1, 0 or -1; 0 also when
 --            nothing was proposed, the lock was not granted, or the token is
@@ -50,11 +50,11 @@ elseif current == ARGV[1] then
 else
     pttl = redis.call('PTTL', KEYS[1])
 end
-local counter = redis.call('HGET', KEYS[2], 't') or ''
+local read = counter(KEYS[2], id) or ''
 local accepted = 0
 local proposed = tonumber(ARGV[4])
 if granted == 1 and proposed > 0 and proposed >= clock then
     accepted = fence_accept(KEYS[2], id, created, clock, ARGV[4], ARGV[5], ARGV[6], 7)
 end
-return {granted, pttl, counter, string.format('%d', clock), gen,
+return {granted, pttl, read, string.format('%d', clock), gen,
     redis.call('SMEMBERS', KEYS[4]), accepted}
