@@ -24,6 +24,7 @@ from ._core.engine import Engine
 from ._core.errors import InvalidArgumentError, InvalidArgumentTypeError
 from ._core.keys import main_key
 from ._core.notify import Backoff
+from ._core.observe import LockLabel
 from ._core.options import ClientStatistics, Notify, check_options, check_sentinels
 from ._primitives.fair import FairLock
 from ._primitives.latch import Latch
@@ -59,6 +60,12 @@ class Client:
       ``aiolock._core.notify``. ``backoff`` tunes the ``"poll"`` mode.
     * ``command_timeout``: a connection that answers nothing for this long
       while commands are pending is closed and reconnected.
+    * ``telemetry``: record OpenTelemetry metrics and spans when
+      ``opentelemetry-api`` is installed (the ``otel`` extra), with the global
+      meter and tracer providers; False: none. ``lock_label``: a function
+      from a lock name to a label from a bounded set (or None), the only way
+      lock names reach metric attributes (``order:<id>`` names must not
+      explode cardinality); without it no name is recorded.
 
     A Client is bound to the event loop it first runs on, and started on
     first use or by ``async with``. ``aclose()`` is idempotent. On close,
@@ -80,6 +87,8 @@ class Client:
         replicas: int = 0,
         replica_timeout: float = 1.0,
         wait_aof: bool = False,
+        telemetry: bool = True,
+        lock_label: LockLabel | None = None,
     ) -> None:
         options = check_options(
             redis,
@@ -91,6 +100,8 @@ class Client:
             replicas=replicas,
             replica_timeout=replica_timeout,
             wait_aof=wait_aof,
+            telemetry=telemetry,
+            lock_label=lock_label,
         )
         self._engine = Engine(redis, options, cluster=None, cluster_client=None)
 
@@ -107,6 +118,8 @@ class Client:
         replicas: int = 0,
         replica_timeout: float = 1.0,
         wait_aof: bool = False,
+        telemetry: bool = True,
+        lock_label: LockLabel | None = None,
         cluster: bool | None = None,
     ) -> Client:
         """A Client with its own connections to ``url`` (``redis://``, ``rediss://``, ``unix://``).
@@ -154,6 +167,8 @@ class Client:
             replicas=replicas,
             replica_timeout=replica_timeout,
             wait_aof=wait_aof,
+            telemetry=telemetry,
+            lock_label=lock_label,
         )
         client = cls.__new__(cls)
         client._engine = Engine(
@@ -179,6 +194,8 @@ class Client:
         replicas: int = 0,
         replica_timeout: float = 1.0,
         wait_aof: bool = False,
+        telemetry: bool = True,
+        lock_label: LockLabel | None = None,
         username: str | None = None,
         password: str | None = None,
         db: int = 0,
@@ -267,6 +284,8 @@ class Client:
             replicas=replicas,
             replica_timeout=replica_timeout,
             wait_aof=wait_aof,
+            telemetry=telemetry,
+            lock_label=lock_label,
         )
         client = cls.__new__(cls)
         client._engine = Engine(redis, options, cluster=False, cluster_client=None)

@@ -135,6 +135,7 @@ from ._core.errors import (
 from ._core.keys import RedlockKeys
 from ._core.lease import Hold, Lease, LostCallback
 from ._core.notify import Waiter
+from ._core.observe import Observer
 from ._core.validate import check_name, to_ms
 from ._primitives.base import TRANSIENT, Acquirable, _Entry, compete, current_task
 
@@ -370,6 +371,11 @@ class Redlock:
     def check_usable(self) -> None:
         for master in self._masters:
             master.engine.check_usable()
+
+    @property
+    def observer(self) -> Observer:
+        """The first Client's: Redlock's acquisitions, holds and losses count there."""
+        return self._masters[0].engine.observer
 
     def release_hold(self, hold: Hold) -> asyncio.Future[int]:
         """Release ``hold`` on every master; the future gets 1 (released) or 0 (gone).
@@ -1010,8 +1016,13 @@ class RedlockLock(Acquirable[Lease]):
         self._redlock = redlock
         self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
 
+    kind = "redlock"
+
     def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
         return self._entry_map
+
+    def _observer(self) -> Observer:
+        return self._redlock.observer
 
     def _my_hold(self) -> Hold | None:
         hold = self._redlock._holds.get(self.name)
@@ -1078,8 +1089,10 @@ class RedlockLock(Acquirable[Lease]):
             valid_until,
             release=("redlock_release", (), (current,)),
             renew=("redlock_renew", "", (current,)),
+            kind=self.kind,
         )
         rl._holds[name] = hold
+        rl.observer.hold_began(hold)
 
         def detached(h: Hold) -> None:
             if rl._holds.get(name) is h:

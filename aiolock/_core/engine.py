@@ -61,6 +61,7 @@ from .futures import stop
 from .holds import Holds
 from .listener import Channel, Listener
 from .notify import ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
+from .observe import Observer, new_telemetry
 from .options import ClientStatistics, Notify, Options
 from .owner import task_serial
 from .redis_compat import ConnectionFactory, SentinelService, connection_factory, sentinel_service
@@ -163,6 +164,10 @@ class Engine:
         self.owns_redis = False
         self.owns_cluster_client = False
         self.scripts: dict[str, Script] = load_scripts()
+        #: Counts every acquisition, hold and loss; feeds OpenTelemetry (observe.py).
+        self.observer = Observer(
+            new_telemetry(options.lock_label) if options.telemetry else None
+        )
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
         self._started = False
@@ -364,6 +369,7 @@ class Engine:
     def statistics(self) -> ClientStatistics:
         holds = sum(len(state.holds()) for state in self.states.values())
         waiting = self.parked + sum(state.waiting() for state in self.states.values())
+        observer = self.observer
         return ClientStatistics(
             holds=holds,
             waiting=waiting,
@@ -375,6 +381,12 @@ class Engine:
             background=len(self.background),
             command_connects=self.mux.connects,
             pubsub_connects=self.listener.connects,
+            acquisitions=observer.acquisitions,
+            timeouts=observer.timeouts,
+            cancellations=observer.cancellations,
+            failures=observer.failures,
+            losses=observer.losses,
+            wait_time=observer.wait_time,
         )
 
     # -- the primitives' interface: keys, owners, attempts ----------------------------------

@@ -106,6 +106,7 @@ class Holds:
         on_detach: Callable[[Hold], None],
         on_release: Callable[[Hold], asyncio.Future[int]] | None = None,
         confirmed: int = -1,
+        kind: str = "lock",
     ) -> Hold:
         """The one place a hold is made: build it, wire it and start keeping it alive.
 
@@ -130,10 +131,12 @@ class Holds:
             sent + lease_s,
             release=release,
             renew=renew,
+            kind=kind,
         )
         hold.on_detach = on_detach
         hold.on_release = on_release
         hold.confirmed = confirmed
+        self.engine.observer.hold_began(hold)
         self.track(hold)
         return hold
 

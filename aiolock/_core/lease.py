@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from .errors import LockNotOwnedError
 from .futures import Outcome
+from .observe import Observer
 from .validate import check_seconds
 
 __all__ = ["Hold", "HoldEngine", "Lease", "LostCallback"]
@@ -47,6 +48,11 @@ class HoldEngine(Protocol):
     def check_usable(self) -> None:
         """Raise unless called from the engine's event loop."""
 
+    @property
+    def observer(self) -> Observer:
+        """Counts holds and losses (observe.py)."""
+        ...
+
     def release_hold(self, hold: Hold) -> asyncio.Future[int]:
         """Start the release in Redis: the future gets 1, 2 (released) or 0 (gone)."""
         ...
@@ -65,11 +71,13 @@ class Hold:
 
     __slots__ = (
         "__weakref__",
+        "began",
         "callbacks",
         "confirmed",
         "contexts",
         "engine",
         "expires_at",
+        "kind",
         "lease",
         "leases",
         "lost_reason",
@@ -104,9 +112,14 @@ class Hold:
         *,
         release: tuple[str, tuple[Any, ...], tuple[Any, ...]],
         renew: tuple[str, str, tuple[Any, ...]],
+        kind: str = "lock",
     ) -> None:
         self.engine = engine
         self.name = name
+        #: The primitive's kind ("lock", "fair_lock", "read_lock", ...: ``kind`` of its class).
+        self.kind = kind
+        #: When the hold began (``perf_counter``), for its hold time; None once it ended.
+        self.began: float | None = None
         self.owner = owner
         self.token = token
         self.task = task
@@ -178,6 +191,7 @@ class Hold:
             self.timer.cancel()
             self.timer = None
         self.engine.untrack(self)
+        self.engine.observer.hold_ended(self)
         on_detach, self.on_detach = self.on_detach, None
         if on_detach is not None:
             on_detach(self)
@@ -187,6 +201,7 @@ class Hold:
         if self.lost_reason is not None:
             return
         self.lost_reason = reason
+        self.engine.observer.lost(self)
         self.detach()
         for context in list(self.contexts):
             context.lease_lost(self)

@@ -15,6 +15,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from .errors import InvalidArgumentError, InvalidArgumentTypeError
 from .notify import Backoff
+from .observe import LockLabel
 from .validate import check_lease, check_prefix, check_seconds
 
 __all__ = ["ClientStatistics", "Notify", "Options", "check_options", "check_sentinels"]
@@ -38,6 +39,10 @@ class Options:
     """How long one WAIT may wait for them, in seconds."""
     wait_aof: bool = False
     """WAITAOF instead of WAIT: the master and ``replicas`` replicas fsynced the write."""
+    telemetry: bool = True
+    """Record OpenTelemetry metrics and spans if ``opentelemetry-api`` is installed."""
+    lock_label: LockLabel | None = None
+    """Maps a lock name to a bounded label for metric attributes (None: no name recorded)."""
 
 
 def check_options(
@@ -51,6 +56,8 @@ def check_options(
     replicas: int = 0,
     replica_timeout: float = 1.0,
     wait_aof: bool = False,
+    telemetry: bool = True,
+    lock_label: LockLabel | None = None,
 ) -> Options:
     """Check a Client's arguments: the options, or a typed error naming the wrong one."""
     if not isinstance(redis, aioredis.Redis | RedisCluster):
@@ -89,6 +96,13 @@ def check_options(
             f"({lease_s:g} s): the watchdog renews every lease / 3, and each renewal waits "
             "for the replicas too. Lower replica_timeout or raise lease"
         )
+    if not isinstance(telemetry, bool):
+        raise InvalidArgumentTypeError(f"telemetry must be True or False, got {telemetry!r}")
+    if lock_label is not None and not callable(lock_label):
+        raise InvalidArgumentTypeError(
+            f"lock_label must be a function from a lock name to a label (str or None), "
+            f"got {type(lock_label).__name__}: {lock_label!r}"
+        )
     return Options(
         prefix,
         lease_s,
@@ -98,6 +112,8 @@ def check_options(
         replicas,
         wait_s,
         wait_aof,
+        telemetry,
+        lock_label,
     )
 
 
@@ -151,3 +167,15 @@ class ClientStatistics:
     """Clean-up tasks still running (undo of a cancelled acquire, release retries)."""
     command_connects: int
     pubsub_connects: int
+    acquisitions: int = 0
+    """Acquisitions granted since the Client was made (re-entries included)."""
+    timeouts: int = 0
+    """Acquisitions that timed out (``try_acquire`` finding the lock busy included)."""
+    cancellations: int = 0
+    """Acquisitions cancelled while waiting."""
+    failures: int = 0
+    """Acquisitions that failed with an error (Redis unreachable, refused, ...)."""
+    losses: int = 0
+    """Leases lost while held (expired, force-released, not renewed in time, ...)."""
+    wait_time: float = 0.0
+    """Seconds spent in acquisitions, whatever their outcome, summed."""

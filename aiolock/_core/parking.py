@@ -81,6 +81,7 @@ from typing import Any, Generic, TypeVar
 
 from .errors import ClientClosedError
 from .futures import expire
+from .observe import note_waiting
 
 __all__ = ["Parked", "ParkingLot"]
 
@@ -135,7 +136,8 @@ class ParkingLot(Generic[E]):
     def park(self, entry: E, deadline: float | None = None) -> asyncio.TimerHandle | None:
         """Queue ``entry`` (its future not done); at loop time ``deadline`` its
         future gets False. Returns the timer, for `unparked`. The caller then
-        awaits ``entry.fut`` itself."""
+        awaits ``entry.fut`` itself (it counts as waiting: see observe.py)."""
+        note_waiting()
         self._entries.append(entry)
         self._live += 1
         if deadline is None:

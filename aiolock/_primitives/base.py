@@ -54,6 +54,7 @@ from .._core.errors import (
 from .._core.keys import Keys
 from .._core.lease import Hold, Lease
 from .._core.notify import Waiter
+from .._core.observe import Observer, note_waiting, observed
 from .._core.validate import check_lease, check_name, check_timeout
 
 if TYPE_CHECKING:
@@ -261,12 +262,14 @@ async def compete(
                 raise ClientClosedError("the aiolock Client was closed while waiting")
             if registration is None:
                 # Register, and only then retry: a release in between is not missed.
+                note_waiting()
                 registration = waiter()
                 is_parked = True
                 parked(True)
                 await registration.ready(bound)
                 continue
             if not is_parked:
+                note_waiting()
                 is_parked = True  # a warm registration: live since before the try
                 parked(True)
             await registration.wait(bound)
@@ -299,6 +302,9 @@ class Primitive:
     def _waiter(self) -> Waiter:
         return self._engine.waiter(self._channel, self._signal)
 
+    def _observer(self) -> Observer:
+        return self._engine.observer
+
 
 class _Entry:
     """One ``async with`` over a lock: cancels its body if the lease is lost."""
@@ -328,9 +334,15 @@ class LockLike(Generic[L]):
     __slots__ = ()
 
     name: str
+    #: The kind of primitive, as statistics, logs and metrics name it.
+    kind: ClassVar[str] = "lock"
 
     async def _acquire(self, timeout: float | None, lease: float | None) -> L:
         """Acquire and return a lease."""
+        raise NotImplementedError
+
+    def _observer(self) -> Observer:
+        """The Client's observer (``_core/observe.py``): every acquisition is counted there."""
         raise NotImplementedError
 
     def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
@@ -379,7 +391,7 @@ class LockLike(Generic[L]):
         await self._exit_ctx(exc_type, exc)
 
     async def _enter_ctx(self, timeout: float | None, lease: float | None, on_lost: OnLost) -> L:
-        got = await self._acquire(timeout, lease)
+        got = await observed(self._observer(), self.kind, self.name, self._acquire, timeout, lease)
         task = current_task()
         entry = _Entry(got, task, on_lost)
         self._entries().setdefault(task, []).append(entry)
@@ -493,7 +505,8 @@ class Acquirable(LockLike[L]):
         out of memory; WrongTypeError: the key holds a value aiolock did not
         write) is raised at once.
         """
-        return self._acquire(check_timeout(timeout), check_lease(lease))
+        checked = check_timeout(timeout), check_lease(lease)
+        return observed(self._observer(), self.kind, self.name, self._acquire, *checked)
 
     async def try_acquire(self, wait: float = 0.0, *, lease: float | None = None) -> L | None:
         """Acquire if possible within ``wait`` seconds (default: one try, no waiting).
@@ -503,8 +516,11 @@ class Acquirable(LockLike[L]):
         """
         checked_wait = check_timeout(wait, "wait")
         checked_lease = check_lease(lease)
+        observer = self._observer()
         try:
-            return await self._acquire(checked_wait, checked_lease)
+            return await observed(
+                observer, self.kind, self.name, self._acquire, checked_wait, checked_lease
+            )
         except LockTimeoutError:
             return None
 

@@ -341,6 +341,7 @@ class FairLock(SingleHolder):
     _names: FairKeys
 
     _kind = "fair lock"
+    kind = "fair_lock"
     _owned_script = "fair_owned"
 
     def _owned_args(self, hold: Hold) -> tuple[Any, ...]:
@@ -457,6 +458,7 @@ class FairLock(SingleHolder):
             ),
             renew=("fair_renew", self._key, (wid, token)),
             on_detach=state.hold_ended,
+            kind=self.kind,
         )
         state.held.append(hold)
         return hold

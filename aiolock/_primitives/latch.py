@@ -72,6 +72,7 @@ class Latch(Primitive):
     __slots__ = ("_count",)
 
     _keys_type = LatchKeys
+    kind = "latch"
     _names: LatchKeys
 
     def __init__(self, engine: Engine, name: str, count: int) -> None:

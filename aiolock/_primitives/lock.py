@@ -664,6 +664,7 @@ class AsyncLock(SingleHolder):
             on_detach=state.hold_ended,
             on_release=state.release,
             confirmed=confirmed,
+            kind=self.kind,
         )
         return hold
 

@@ -15,6 +15,7 @@ from .._core.errors import (
     LockTimeoutError,
 )
 from .._core.lease import Hold, Lease, LostCallback
+from .._core.observe import Observer
 from .._core.validate import check_seconds, to_ms
 from .base import Acquirable, _Entry, compete, current_task, ttl_hint
 from .lock import AsyncLock, LocalQueue, new_queue
@@ -194,6 +195,11 @@ class MultiLock(Acquirable[MultiLease]):
         self._groups: list[list[AsyncLock]] | None = None
         # Where each taken lease goes in ``locks`` order (None: the same order).
         self._reorder: list[int] | None = None
+
+    kind = "multi_lock"
+
+    def _observer(self) -> Observer:
+        return self._engine.observer
 
     def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
         return self._entry_map

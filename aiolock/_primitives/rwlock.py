@@ -39,6 +39,7 @@ from .._core.errors import LockNotOwnedError, LockTimeoutError, LockUpgradeError
 from .._core.keys import RWKeys
 from .._core.lease import Hold, Lease
 from .._core.notify import Waiter
+from .._core.observe import Observer
 from .._core.parking import Parked, ParkingLot
 from .._core.validate import to_ms
 from .base import Acquirable, Primitive, _Entry, compete, current_task
@@ -375,6 +376,7 @@ class ReadWriteLock(Primitive):
             ),
             renew=("rw_renew", self._key, ("r", owner, token)),
             on_detach=state.hold_ended,
+            kind="read_lock",
         )
         return hold
 
@@ -482,6 +484,7 @@ class ReadWriteLock(Primitive):
             ),
             renew=("rw_renew", self._key, ("w", owner, token)),
             on_detach=state.hold_ended,
+            kind="write_lock",
         )
         return hold
 
@@ -555,6 +558,9 @@ class _Side(Acquirable[Lease]):
 
     def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
         return self._entry_map
+
+    def _observer(self) -> Observer:
+        return self._core._engine.observer
 
     @property
     def lock(self) -> ReadWriteLock:
@@ -634,6 +640,7 @@ class ReadLock(_Side):
     __slots__ = ()
 
     _kind = "r"
+    kind = "read_lock"
     _what = "read"
 
     async def _acquire(self, timeout: float | None, lease: float | None) -> Lease:
@@ -678,6 +685,7 @@ class WriteLock(_Side):
     __slots__ = ()
 
     _kind = "w"
+    kind = "write_lock"
     _what = "write"
 
     async def _acquire(self, timeout: float | None, lease: float | None) -> Lease:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 from .._core.errors import InvalidArgumentError, InvalidArgumentTypeError, LockNotOwnedError
 from .._core.keys import SemaphoreKeys
 from .._core.lease import Hold, Lease
+from .._core.observe import observed
 from .._core.validate import check_lease, check_timeout, to_ms
 from .base import (
     LockContext,
@@ -205,6 +206,7 @@ class Semaphore(Primitive, LockLike[Permit]):
 
     _keys_type = SemaphoreKeys
     _names: SemaphoreKeys
+    kind = "semaphore"
 
     def __init__(self, engine: Engine, name: str, permits: int) -> None:
         super().__init__(engine, name)
@@ -233,8 +235,9 @@ class Semaphore(Primitive, LockLike[Permit]):
         LockTimeoutError (a TimeoutError) when it runs out. ``lease``: a
         fixed lease in seconds with no renewal (None: the watchdog renews it).
         """
-        return await self._acquire_permits(
-            check_permits(permits), check_timeout(timeout), check_lease(lease)
+        checked = check_permits(permits), check_timeout(timeout), check_lease(lease)
+        return await observed(
+            self._engine.observer, self.kind, self.name, self._acquire_permits, *checked
         )
 
     async def try_acquire(
@@ -248,7 +251,15 @@ class Semaphore(Primitive, LockLike[Permit]):
         checked_wait = check_timeout(wait, "wait")
         checked_lease = check_lease(lease)
         try:
-            return await self._acquire_permits(checked, checked_wait, checked_lease)
+            return await observed(
+                self._engine.observer,
+                self.kind,
+                self.name,
+                self._acquire_permits,
+                checked,
+                checked_wait,
+                checked_lease,
+            )
         except TimeoutError:
             return None
 
@@ -354,6 +365,7 @@ class Semaphore(Primitive, LockLike[Permit]):
             release=("sem_release", release_keys, release_args),
             renew=("sem_renew", self._names.holders, (member,)),
             on_detach=state.hold_ended,
+            kind=self.kind,
         )
         permit = Permit(hold, permits)
         hold.leases.append(permit)
@@ -402,7 +414,10 @@ class Semaphore(Primitive, LockLike[Permit]):
     async def _enter_permits(
         self, permits: int, timeout: float | None, lease: float | None, on_lost: OnLost
     ) -> Permit:
-        got = await self._acquire_permits(permits, timeout, lease)
+        observer = self._engine.observer
+        got = await observed(
+            observer, self.kind, self.name, self._acquire_permits, permits, timeout, lease
+        )
         task = current_task()
         entry = _Entry(got, task, on_lost)
         self._entry_map.setdefault(task, []).append(entry)

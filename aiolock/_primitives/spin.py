@@ -29,6 +29,7 @@ class SpinLock(AsyncLock):
     __slots__ = ("_backoff",)
 
     _targeted = False  # it polls: no registration for targeted wake-ups
+    kind = "spin_lock"
 
     def __init__(self, engine: Engine, name: str, *, backoff: Backoff | None = None) -> None:
         super().__init__(engine, name)

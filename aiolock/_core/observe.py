@@ -1,0 +1,272 @@
+"""What a Client sees of its own locks: counters, the DEBUG trace, and the
+hooks OpenTelemetry plugs into.
+
+One ``Observer`` per Client (``Engine.observer``). Every acquisition of every
+primitive passes through ``observed`` once, whichever way it was called
+(``acquire``, ``try_acquire``, ``async with``, ``@lock``); every hold passes
+through ``hold_began`` / ``hold_ended`` once (``Holds.new_hold``,
+``Hold.detach``), and every lost one through ``lost`` (``Hold.mark_lost``).
+So the figures of ``Client.statistics()``, the metrics and the log lines
+have one source and cannot disagree.
+
+Whether an acquisition *waited* (and so deserves a span and counts among
+the waiting tasks) is known only to the code that parks the task: the
+local queues, the listener's channels (``ParkingLot.park``) and
+``compete``'s registration call ``note_waiting()``, which finds the
+attempt of the current task through a context variable (each asyncio Task
+runs in its own copy of the context, so one attempt never sees another's).
+
+What it costs: an uncontended acquisition makes one small object, sets and
+resets one context variable and adds to a few integers. The DEBUG trace is
+one ``isEnabledFor`` check when it is off. Without OpenTelemetry (not
+installed, or ``Client(telemetry=False)``) ``telemetry`` is None and
+nothing else runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from importlib.util import find_spec
+from typing import Any, Literal, Protocol, TypeVar
+
+from .errors import LockTimeoutError
+
+__all__ = [
+    "Attempt",
+    "Hold",
+    "LockLabel",
+    "Observer",
+    "Outcome",
+    "Telemetry",
+    "new_telemetry",
+    "note_waiting",
+    "observed",
+]
+
+T = TypeVar("T")
+
+#: How an acquisition ended.
+Outcome = Literal["acquired", "timed_out", "cancelled", "failed"]
+#: The user's map from lock names to a bounded set of labels (None: no label).
+LockLabel = Callable[[str], "str | None"]
+
+log = logging.getLogger("aiolock.lock")
+lease_log = logging.getLogger("aiolock.lease")
+
+
+class Telemetry(Protocol):
+    """Where the figures go besides the Client's counters (OpenTelemetry: otel.py).
+
+    ``kind`` is the primitive's kind ("lock", "fair_lock", "read_lock", ...),
+    ``name`` the lock's name: an implementation labels it only through the
+    user's ``lock_label``, never raw.
+    """
+
+    def acquired(
+        self, kind: str, name: str, outcome: Outcome, seconds: float, waited: bool
+    ) -> None:
+        """An acquisition ended after ``seconds`` (waited: it had to park)."""
+
+    def waiting(self, kind: str, name: str, delta: int) -> None:
+        """A task started (+1) or stopped (-1) waiting."""
+
+    def held(self, kind: str, name: str, delta: int, seconds: float) -> None:
+        """A hold began (+1, seconds 0) or ended (-1) after ``seconds``."""
+
+    def lost(self, kind: str, name: str) -> None:
+        """A hold was lost."""
+
+
+class Hold(Protocol):
+    """What the observer reads and writes of a hold (``lease.Hold``, structurally)."""
+
+    kind: str
+    name: str
+    owner: str
+    token: int
+    lost_reason: str | None
+    began: float | None
+
+
+class Attempt:
+    """One acquisition under way (see ``observed``)."""
+
+    __slots__ = ("done", "kind", "name", "observer", "started", "waited")
+
+    def __init__(self, observer: Observer, kind: str, name: str) -> None:
+        self.observer = observer
+        self.kind = kind
+        self.name = name
+        self.started = time.perf_counter()
+        self.waited = False
+        self.done = False
+
+
+_attempt: ContextVar[Attempt | None] = ContextVar("aiolock_attempt", default=None)
+
+
+def note_waiting() -> None:
+    """The current task is about to park for a lock: count it as waiting (once per attempt)."""
+    attempt = _attempt.get()
+    if attempt is not None and not attempt.waited and not attempt.done:
+        attempt.waited = True
+        attempt.observer.began_waiting(attempt)
+
+
+def outcome_of(exc: BaseException) -> Outcome:
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled"
+    if isinstance(exc, LockTimeoutError):
+        return "timed_out"
+    return "failed"
+
+
+async def observed(
+    observer: Observer, kind: str, name: str, acquire: Callable[..., Awaitable[T]], *args: Any
+) -> T:
+    """``await acquire(*args)`` (one acquisition of lock ``name``), observing it.
+
+    (The coroutine is made here, not by the caller: a task cancelled before
+    it ever ran leaves no coroutine that was never awaited.)"""
+    attempt = Attempt(observer, kind, name)
+    token = _attempt.set(attempt)
+    try:
+        result = await acquire(*args)
+    except BaseException as exc:
+        observer.finished(attempt, outcome_of(exc), None)
+        raise
+    finally:
+        _attempt.reset(token)
+    observer.finished(attempt, "acquired", result)
+    return result
+
+
+class Observer:
+    """One Client's counters (see ``ClientStatistics``) and its telemetry, if any."""
+
+    __slots__ = (
+        "acquisitions",
+        "cancellations",
+        "failures",
+        "holds",
+        "losses",
+        "telemetry",
+        "timeouts",
+        "wait_time",
+        "waiting",
+    )
+
+    def __init__(self, telemetry: Telemetry | None = None) -> None:
+        self.telemetry = telemetry
+        #: Acquisitions by outcome, since the Client was made.
+        self.acquisitions = 0
+        self.timeouts = 0
+        self.cancellations = 0
+        self.failures = 0
+        #: Holds lost since the Client was made.
+        self.losses = 0
+        #: Seconds spent in acquisitions (any outcome), summed.
+        self.wait_time = 0.0
+        #: Tasks parked for a lock right now (see ``note_waiting``).
+        self.waiting = 0
+        #: Holds begun and not ended.
+        self.holds = 0
+
+    # -- acquisitions --------------------------------------------------------------------
+
+    def began_waiting(self, attempt: Attempt) -> None:
+        self.waiting += 1
+        if self.telemetry is not None:
+            self.telemetry.waiting(attempt.kind, attempt.name, 1)
+
+    def finished(self, attempt: Attempt, outcome: Outcome, result: Any) -> None:
+        attempt.done = True
+        seconds = time.perf_counter() - attempt.started
+        self.wait_time += seconds
+        if outcome == "acquired":
+            self.acquisitions += 1
+        elif outcome == "timed_out":
+            self.timeouts += 1
+        elif outcome == "cancelled":
+            self.cancellations += 1
+        else:
+            self.failures += 1
+        telemetry = self.telemetry
+        if attempt.waited:
+            self.waiting -= 1
+            if telemetry is not None:
+                telemetry.waiting(attempt.kind, attempt.name, -1)
+        if telemetry is not None:
+            telemetry.acquired(attempt.kind, attempt.name, outcome, seconds, attempt.waited)
+        if log.isEnabledFor(logging.DEBUG):
+            token = getattr(result, "fencing_token", None)
+            log.debug(
+                "%s %r: %s after %.1f ms%s%s",
+                attempt.kind,
+                attempt.name,
+                outcome.replace("_", " "),
+                seconds * 1000.0,
+                " (waited)" if attempt.waited else "",
+                f", fencing token {token}" if token is not None else "",
+            )
+
+    # -- holds ---------------------------------------------------------------------------
+
+    def hold_began(self, hold: Hold) -> None:
+        hold.began = time.perf_counter()
+        self.holds += 1
+        if self.telemetry is not None:
+            self.telemetry.held(hold.kind, hold.name, 1, 0.0)
+
+    def hold_ended(self, hold: Hold) -> None:
+        began = hold.began
+        if began is None:
+            return
+        hold.began = None
+        self.holds -= 1
+        seconds = time.perf_counter() - began
+        if self.telemetry is not None:
+            self.telemetry.held(hold.kind, hold.name, -1, seconds)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s %r: hold of %s ended after %.1f ms (fencing token %d)%s",
+                hold.kind,
+                hold.name,
+                hold.owner,
+                seconds * 1000.0,
+                hold.token,
+                f", lost: {hold.lost_reason}" if hold.lost_reason is not None else "",
+            )
+
+    def lost(self, hold: Hold) -> None:
+        self.losses += 1
+        lease_log.warning(
+            "lease of %s %r lost (fencing token %d, owner %s): %s. The holder's `async with` "
+            "body is cancelled and raises LockLostError (unless on_lost='ignore'); writes "
+            "it makes after this moment must be refused by the fencing token",
+            hold.kind.replace("_", " "),
+            hold.name,
+            hold.token,
+            hold.owner,
+            hold.lost_reason,
+        )
+        if self.telemetry is not None:
+            self.telemetry.lost(hold.kind, hold.name)
+
+
+def new_telemetry(lock_label: LockLabel | None) -> Telemetry | None:
+    """OpenTelemetry's telemetry (otel.py) if ``opentelemetry-api`` is installed, else None.
+
+    Without it nothing is imported, and the Observer records nothing but its counters.
+    """
+    try:
+        if find_spec("opentelemetry.metrics") is None:
+            return None
+        from .otel import OtelTelemetry
+    except ImportError:  # a partial install (opentelemetry without its api)
+        return None
+    return OtelTelemetry(lock_label)
