@@ -349,7 +349,9 @@ class LockLike(Generic[L]):
         raise NotImplementedError
 
     @overload
-    def __call__(self, fn: Callable[P, Awaitable[R]], /) -> Callable[P, Awaitable[R]]: ...
+    def __call__(
+        self, fn: Callable[P, Coroutine[Any, Any, R]], /
+    ) -> Callable[P, Coroutine[Any, Any, R]]: ...
 
     @overload
     def __call__(
@@ -364,13 +366,13 @@ class LockLike(Generic[L]):
 
     def __call__(
         self,
-        fn: Callable[P, Awaitable[R]] | None = None,
+        fn: Callable[P, Coroutine[Any, Any, R]] | None = None,
         /,
         *,
         timeout: float | None = None,
         lease: float | None = None,
         on_lost: OnLost = "cancel",
-    ) -> Callable[P, Awaitable[R]] | LockContext[L]:
+    ) -> Callable[P, Coroutine[Any, Any, R]] | LockContext[L]:
         """``async with lock(timeout=..., lease=..., on_lost=...)``; ``@lock``; ``@lock(...)``."""
         context = LockContext(
             self, check_timeout(timeout), check_lease(lease), check_on_lost(on_lost)
@@ -465,7 +467,9 @@ class LockContext(Generic[L]):
     ) -> None:
         await self._lock._exit_ctx(exc_type, exc)
 
-    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    def __call__(
+        self, fn: Callable[P, Coroutine[Any, Any, R]]
+    ) -> Callable[P, Coroutine[Any, Any, R]]:
         if not inspect.iscoroutinefunction(fn):
             raise InvalidArgumentTypeError(
                 f"@lock decorates async functions (async def), got {fn!r}"

@@ -12,7 +12,7 @@ The layout and the claim rule are described in ``scripts/_sem.lua``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
@@ -375,7 +375,9 @@ class Semaphore(Primitive, LockLike[Permit]):
     # -- async with ------------------------------------------------------------------------
 
     @overload
-    def __call__(self, fn: Callable[P, Awaitable[R]], /) -> Callable[P, Awaitable[R]]: ...
+    def __call__(
+        self, fn: Callable[P, Coroutine[Any, Any, R]], /
+    ) -> Callable[P, Coroutine[Any, Any, R]]: ...
 
     @overload
     def __call__(
@@ -391,14 +393,14 @@ class Semaphore(Primitive, LockLike[Permit]):
 
     def __call__(
         self,
-        fn: Callable[P, Awaitable[R]] | None = None,
+        fn: Callable[P, Coroutine[Any, Any, R]] | None = None,
         /,
         *,
         permits: int = 1,
         timeout: float | None = None,
         lease: float | None = None,
         on_lost: OnLost = "cancel",
-    ) -> Callable[P, Awaitable[R]] | SemaphoreContext:
+    ) -> Callable[P, Coroutine[Any, Any, R]] | SemaphoreContext:
         """``async with sem(permits=2, timeout=..., lease=..., on_lost=...)``; ``@sem(...)``."""
         context = SemaphoreContext(
             self,
