@@ -21,6 +21,7 @@ import sys
 import termios
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -129,6 +130,17 @@ def test_key_names_and_globs() -> None:
     assert not glob_match("orders:*", "users:1")
     assert glob_match("o?d[a-z]rs", "orders")
     assert glob_match(r"a\*", "a*") and not glob_match(r"a\*", "ab")
+
+
+def test_the_readme_documents_every_json_field() -> None:
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    found = re.search(r"^### The command line\n(.*?)(?=^## )", text, re.M | re.S)
+    assert found, "README has no '### The command line'"
+    documented = set(re.findall(r"`(\w+)`", found[1]))
+    fields = PRIMITIVE_FIELDS | HOLDER_FIELDS | WAITER_FIELDS
+    assert fields - documented == set()
+    for top in ("prefix", "pattern", "cluster", "masters", "locks", "exists", "keys", "type"):
+        assert f'"{top}"' in found[1], top
 
 
 # --------------------------------------------------------------------------- ls, inspect
