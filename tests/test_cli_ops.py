@@ -8,6 +8,7 @@ Ctrl-C, and ``top`` under a pseudo-terminal.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import fcntl
 import json
@@ -30,7 +31,7 @@ import redis.asyncio as aioredis
 from aiolock import Client, LockLostError, Redlock
 from aiolock._core.keys import main_key
 from aiolock.cli import main
-from aiolock.cli.ops import Server, Target, state_json
+from aiolock.cli.ops import Server, Target, add_arguments, state_json
 from aiolock.cli.ops_state import glob_match, name_of_key
 from tests.cluster_servers import ClusterProcess
 from tests.conftest import MakeClient
@@ -390,6 +391,33 @@ async def test_connection_and_usage_errors_exit_2() -> None:
     )
     code, _, err = await run_child("inspect")  # NAME missing
     assert code == 2 and "usage:" in err and "Traceback" not in err
+
+
+async def test_cluster_flag_on_a_standalone_server_exits_2(cli: Cli) -> None:
+    code, out, err = await cli("ls", "--cluster")
+    assert code == 2 and out == ""
+    assert err.startswith("aiolock: ") and err.strip().endswith("Check --cluster")
+
+
+def test_tls_options_become_redis_py_ssl_arguments() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser.add_subparsers(dest="command"))
+    tls = ["--tls-ca-cert", "ca.pem", "--tls-cert", "c.pem", "--tls-key", "k.pem"]
+    args = parser.parse_args(["ls", "--url", "redis://h:1/0", *tls, "--tls-insecure"])
+    target = Target.of(args)
+    assert target.url == "rediss://h:1/0"
+    assert target.kwargs == {
+        "socket_connect_timeout": 5.0,
+        "socket_timeout": 5.0,
+        "ssl_ca_certs": "ca.pem",
+        "ssl_certfile": "c.pem",
+        "ssl_keyfile": "k.pem",
+        "ssl_cert_reqs": "none",
+        "ssl_check_hostname": False,
+    }
+    plain = Target.of(parser.parse_args(["ls", "--url", "redis://h:1"]))
+    assert plain.url == "redis://h:1" and not any(k.startswith("ssl") for k in plain.kwargs)
+    assert Target.of(parser.parse_args(["ls", "--url", "rediss://h:1"])).url == "rediss://h:1"
 
 
 # --------------------------------------------------------------------------- top

@@ -157,7 +157,8 @@ def add_arguments(sub: Any) -> None:
 # --------------------------------------------------------------------------- connecting
 
 
-def _shown(url: str) -> str:
+def shown_url(url: str) -> str:
+    """``url`` without its password, for messages."""
     return re.sub(r"//[^/@]*@", "//***@", url)
 
 
@@ -183,7 +184,7 @@ class Target:
                 url = "rediss://" + url[len("redis://") :]
             elif not url.startswith("rediss://"):
                 raise OpsError(
-                    f"aiolock: TLS options need a redis:// or rediss:// URL, got {_shown(url)}"
+                    f"aiolock: TLS options need a redis:// or rediss:// URL, got {shown_url(url)}"
                 )
         if args.tls_ca_cert:
             kwargs["ssl_ca_certs"] = args.tls_ca_cert
@@ -200,13 +201,13 @@ class Target:
         try:
             return aioredis.Redis.from_url(url or self.url, **self.kwargs, **extra)
         except (ValueError, TypeError) as exc:
-            raise OpsError(f"aiolock: invalid URL {_shown(self.url)}: {exc}") from None
+            raise OpsError(f"aiolock: invalid URL {shown_url(self.url)}: {exc}") from None
 
     def redis_cluster(self, **extra: Any) -> RedisCluster:
         try:
             return RedisCluster.from_url(self.url, **self.kwargs, **extra)
         except (ValueError, TypeError, RedisClusterException) as exc:
-            raise OpsError(f"aiolock: invalid URL {_shown(self.url)}: {exc}") from None
+            raise OpsError(f"aiolock: invalid URL {shown_url(self.url)}: {exc}") from None
 
     def node_url(self, host: str, port: int) -> str:
         parts = urlsplit(self.url)
@@ -355,7 +356,7 @@ def _wrong_type(exc: ResponseError) -> bool:
 
 def _arun(make: Callable[[], Coroutine[Any, Any, T]], target: Target) -> T:
     """Run ``make()``; turn connection failures into a one-line OpsError (exit 2)."""
-    shown = _shown(target.url)
+    shown = shown_url(target.url)
     try:
         return asyncio.run(make())
     except AuthenticationError as exc:
@@ -364,6 +365,8 @@ def _arun(make: Callable[[], Coroutine[Any, Any, T]], target: Target) -> T:
         ) from None
     except (ConnectionError, TimeoutError, OSError) as exc:
         raise OpsError(_cannot_connect(shown, exc)) from None
+    except RedisClusterException as exc:  # e.g. --cluster on a standalone server
+        raise OpsError(f"aiolock: {shown} as a cluster: {exc}. Check --cluster") from None
     except RedisError as exc:
         if isinstance(exc, ResponseError):
             raise OpsError(f"aiolock: {shown} refused a command: {exc}") from None
@@ -660,7 +663,11 @@ def _force_release(args: argparse.Namespace, target: Target) -> int:
     if not args.yes:
         sys.stdout.write(f"force-release {what}? [y/N] ")
         sys.stdout.flush()
-        answer = sys.stdin.readline().strip().lower()
+        try:
+            answer = sys.stdin.readline().strip().lower()
+        except KeyboardInterrupt:
+            answer = ""
+            print()
         if answer not in ("y", "yes"):
             print("not confirmed; nothing done")
             return 1

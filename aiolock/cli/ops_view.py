@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Protocol, TextIO
 
-from aiolock.cli.ops import LS_HEADER, Target, _shown, ls_rows
+from aiolock.cli.ops import LS_HEADER, Target, ls_rows, shown_url
 from aiolock.cli.ops_state import Primitive
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class PlainView:
     def update(self, listed: list[Primitive]) -> None:
         stamp = time.strftime("%H:%M:%S")
         print(
-            f"{stamp} {_shown(self.target.url)} prefix {self.target.prefix}: {_summary(listed)}",
+            f"{stamp} {shown_url(self.target.url)} prefix {self.target.prefix}: {_summary(listed)}",
             file=self.out,
         )
         for p in listed:
@@ -68,7 +68,7 @@ class RichView:
         from rich.table import Table
 
         title = (
-            f"aiolock top · {_shown(self.target.url)} · prefix {self.target.prefix} · "
+            f"aiolock top · {shown_url(self.target.url)} · prefix {self.target.prefix} · "
             f"{time.strftime('%H:%M:%S')} · {_summary(listed)}"
         )
         table = Table(title=title, title_justify="left")
