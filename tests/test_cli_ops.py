@@ -22,6 +22,7 @@ import sys
 import termios
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from aiolock import Client, LockLostError, Redlock
 from aiolock._core.keys import main_key
 from aiolock.cli import main
 from aiolock.cli.ops import Server, Target, add_arguments, state_json
-from aiolock.cli.ops_state import glob_match, name_of_key
+from aiolock.cli.ops_state import describe, glob_match, name_of_key
 from tests.cluster_servers import ClusterProcess
 from tests.conftest import MakeClient
 from tests.core_util import eventually
@@ -285,6 +286,29 @@ def url_of(connection: aioredis.Redis) -> str:
     return f"redis://{kw['host']}:{kw['port']}/{kw.get('db', 0)}"
 
 
+async def test_describe_is_pure_over_what_the_library_wrote(url: str, client: Client) -> None:
+    # The reader's raw keys of a real hold, described at two server clocks:
+    # the expiry rules are the scripts' (a hold past its expiry is gone).
+    read = await client.rw_lock("pure").read.acquire(lease=60.0)
+    permit = await client.semaphore("pure-sem", 3).acquire(2, lease=60.0)
+    server = await Server.open(Target(url, "aiolock", None, {}))
+    try:
+        raw_rw, raw_sem = await server.read_raw(server.nodes[0], ["pure", "pure-sem"])
+    finally:
+        await server.aclose()
+    (rw,) = describe(raw_rw).primitives
+    assert [(h.role, h.token) for h in rw.holders] == [("read", read.fencing_token)]
+    assert 55_000 < (rw.holders[0].ttl_ms or 0) <= 60_000
+    (sem,) = describe(raw_sem).primitives
+    assert sem.details == {"permits": 3, "in_use": 2} and sem.holders[0].permits == 2
+    later = 61_000
+    assert describe(replace(raw_rw, now_ms=raw_rw.now_ms + later)).primitives[0].holders == ()
+    expired = describe(replace(raw_sem, now_ms=raw_sem.now_ms + later)).primitives[0]
+    assert expired.holders == () and expired.details["in_use"] == 0
+    await read.release()
+    await permit.release()
+
+
 async def test_ls_filters_by_pattern_with_scan_not_keys(
     cli: Cli, admin: aioredis.Redis, client: Client
 ) -> None:
@@ -304,6 +328,11 @@ async def test_ls_filters_by_pattern_with_scan_not_keys(
     assert code == 0 and "no held or contended locks match 'nothing*'" in out
     code, out, _ = await cli("inspect", "orders:gone")
     assert code == 0 and "only its fencing counter is kept" in out
+    await admin.set("aiolock:{weird}", "not ours")
+    code, out, _ = await cli("inspect", "weird")
+    assert code == 0 and "holds a string aiolock did not write" in out
+    code, out, _ = await cli("ls", "weird", "--all", "--json")
+    assert [p["kind"] for p in json.loads(out)["locks"]] == ["foreign"]
     code, out, _ = await cli("inspect", "never-used")
     assert code == 1 and "nothing is kept for 'never-used'" in out
     code, out, _ = await cli("ls", "--prefix", "other")

@@ -281,8 +281,13 @@ class Server:
         return found
 
     async def read(self, node: aioredis.Redis, names: Sequence[str]) -> list[NameState]:
-        """The state of each name (all on ``node``): one pipelined round trip per batch."""
-        states: list[NameState] = []
+        """The state of each name (all on ``node``), described."""
+        return [describe(raw) for raw in await self.read_raw(node, names)]
+
+    async def read_raw(self, node: aioredis.Redis, names: Sequence[str]) -> list[RawName]:
+        """The keys of each name (all on ``node``) as read: one pipelined round trip
+        per batch of names, with the server's clock; no write."""
+        states: list[RawName] = []
         prefix = self.target.prefix
         for start in range(0, len(names), _BATCH):
             batch = names[start : start + _BATCH]
@@ -318,7 +323,7 @@ class Server:
                     if isinstance(value, Exception) or kind == "none":
                         value = None
                     keys[suffix] = RawKey(main + suffix, str(kind), int(pttl), value)
-                states.append(describe(RawName(prefix, name, now_ms, keys)))
+                states.append(RawName(prefix, name, now_ms, keys))
         return states
 
     async def collect(self, pattern: str, count: int = 500) -> list[NameState]:
