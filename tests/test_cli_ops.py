@@ -72,6 +72,15 @@ async def admin(url: str) -> AsyncIterator[aioredis.Redis]:
     await connection.aclose()
 
 
+@pytest.fixture
+def one_backend(request: pytest.FixtureRequest) -> None:
+    """What a command-line process does with stdin, a terminal or a signal does not
+    depend on the server: such a test runs with one backend (skipped with valkey)."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("server") == "valkey":
+        pytest.skip("command-line process behaviour: run with one backend")
+
+
 def aiolock_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "aiolock", *args]
 
@@ -344,6 +353,7 @@ async def test_ls_filters_by_pattern_with_scan_not_keys(
 # --------------------------------------------------------------------------- force-release
 
 
+@pytest.mark.usefixtures("one_backend")
 async def test_force_release_asks_then_evicts_the_holder(
     cli: Cli, make_client: MakeClient, admin: aioredis.Redis, url: str
 ) -> None:
@@ -487,6 +497,7 @@ def _run_in_pty(argv: list[str], columns: int = 200) -> tuple[int, str]:
     return code, b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.usefixtures("one_backend")
 async def test_top_under_a_terminal_shows_the_rich_view(client: Client, url: str) -> None:
     pytest.importorskip("rich")
     lease = await client.lock("top:tty").acquire()
@@ -502,6 +513,7 @@ async def test_top_under_a_terminal_shows_the_rich_view(client: Client, url: str
     await lease.release()
 
 
+@pytest.mark.usefixtures("one_backend")
 async def test_top_exits_0_on_ctrl_c(client: Client, url: str) -> None:
     lease = await client.lock("top:int").acquire()
     proc = await asyncio.create_subprocess_exec(
