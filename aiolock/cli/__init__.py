@@ -10,6 +10,8 @@ library's key naming (``aiolock._core.keys``) to show and clean up the demo's ke
 * ``aiolock server``: run a throwaway Redis/Valkey in the foreground (for the examples).
 * ``aiolock run CMD ...``: run CMD with ``$REDIS_URL`` set to a reachable
   server, starting an embedded one for the duration if none is reachable.
+* ``aiolock ls | inspect | top | force-release``: what is held, by whom, who
+  waits; evict a holder (ops.py).
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--embedded", action="store_true", help="always start an embedded server")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND ...")
+
+    from aiolock.cli.ops import add_arguments as add_ops_arguments
+
+    add_ops_arguments(sub)
     return parser
 
 
@@ -80,6 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _server(args)
         if args.command == "run":
             return _run(parser, args)
+        if args.command in ("ls", "inspect", "top", "force-release"):
+            from aiolock.cli.ops import run as run_ops
+
+            return run_ops(args)
     except BrokenPipeError:  # e.g. `aiolock demo | head`: not an error of ours
         sys.stdout = open(os.devnull, "w")  # silence the flush at exit
         return 1

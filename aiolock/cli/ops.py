@@ -1,0 +1,736 @@
+"""The operator commands: ``aiolock ls | inspect | top | force-release``.
+
+They read what aiolock keeps in Redis (``SCAN``, then per name one pipelined
+round trip of ``TYPE`` / ``PTTL`` / ``HGETALL`` / ``ZRANGE`` / ``LRANGE`` /
+``GET`` and the server's ``TIME``; never ``KEYS``, never a write), describe
+it (``aiolock.cli.ops_state``) and print it as text or JSON. In a Redis
+Cluster every master is scanned. Only ``force-release`` writes, through the
+library's own force-release of the kind it found (``client.lock(name)``,
+``client.fair_lock(name)``, ``client.rw_lock(name)``), which keeps the
+fencing counter and wakes the waiters.
+
+Exit codes: 0 done; 1 nothing found or nothing done (``inspect`` of an
+unknown name, ``force-release`` of a name nobody holds, or declined); 2 a
+usage or connection error, reported in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, TextIO, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import (
+    AuthenticationError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
+
+from aiolock.cli.ops_state import (
+    KEY_SUFFIXES,
+    NameState,
+    Primitive,
+    RawKey,
+    RawName,
+    describe,
+    glob_match,
+    name_of_key,
+)
+
+__all__ = ["add_arguments", "run"]
+
+T = TypeVar("T")
+
+_GLOB_SPECIAL = re.compile(r"[*?\[\]\\]")
+
+#: Names read per pipeline (each is len(KEY_SUFFIXES) * 3 commands).
+_BATCH = 64
+
+
+class OpsError(Exception):
+    """A failure reported as one line, with the exit code to leave with."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def add_arguments(sub: Any) -> None:
+    """Add the ``ls``, ``inspect``, ``top`` and ``force-release`` subcommands to ``sub``."""
+    common = argparse.ArgumentParser(add_help=False)
+    conn = common.add_argument_group("connection")
+    conn.add_argument(
+        "--url",
+        default=None,
+        help="the server, or any node of a cluster (default: $REDIS_URL, else "
+        "redis://localhost:6379); rediss:// for TLS",
+    )
+    conn.add_argument(
+        "--prefix", default="aiolock", help="the Clients' key prefix (default: aiolock)"
+    )
+    conn.add_argument(
+        "--cluster",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the URL is a Redis Cluster node: scan every master (default: ask the "
+        "server, INFO cluster)",
+    )
+    conn.add_argument("--tls", action="store_true", help="use TLS (as a rediss:// URL does)")
+    conn.add_argument("--tls-ca-cert", metavar="FILE", help="CA bundle to verify the server with")
+    conn.add_argument("--tls-cert", metavar="FILE", help="client certificate (mutual TLS)")
+    conn.add_argument("--tls-key", metavar="FILE", help="the client certificate's private key")
+    conn.add_argument(
+        "--tls-insecure",
+        action="store_true",
+        help="do not verify the server's certificate or host name",
+    )
+    conn.add_argument(
+        "--timeout", type=float, default=5.0, help="connect and command timeout, s (default: 5)"
+    )
+
+    ls = sub.add_parser(
+        "ls",
+        parents=[common],
+        help="list held and contended locks of every kind",
+        description="List the held and contended primitives of every kind (lock, spin lock, "
+        "fair lock, read-write lock, semaphore, counting latch, this server's Redlock keys) "
+        "whose name matches PATTERN: holder (<client id>:<task serial>), holds, time "
+        "left, fencing token, waiters. Found with SCAN, never KEYS.",
+    )
+    ls.add_argument("pattern", nargs="?", default="*", metavar="PATTERN", help="glob on the name")
+    ls.add_argument("--all", action="store_true", help="also list free primitives")
+    ls.add_argument("--json", action="store_true", help="print JSON (fields: see README)")
+    ls.add_argument("--count", type=int, default=500, help="SCAN COUNT hint (default: 500)")
+
+    inspect = sub.add_parser(
+        "inspect",
+        parents=[common],
+        help="explain everything aiolock keeps for one name",
+        description="Read every key aiolock keeps for NAME (main key, fencing counter, "
+        "queues, waiting sets, semaphore holders, Redlock keys) and explain it. "
+        "Exits 1 if there is none.",
+    )
+    inspect.add_argument("name", metavar="NAME")
+    inspect.add_argument("--json", action="store_true", help="print JSON (fields: see README)")
+
+    top = sub.add_parser(
+        "top",
+        parents=[common],
+        help="a live view of held and contended locks",
+        description="Refresh the list of held and contended locks every --interval "
+        "seconds: a live table on a terminal (with rich), plain lines otherwise. "
+        "Ctrl-C quits.",
+    )
+    top.add_argument("pattern", nargs="?", default="*", metavar="PATTERN", help="glob on the name")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    top.add_argument("--iterations", type=int, default=None, help="stop after N refreshes")
+    top.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
+    top.add_argument("--count", type=int, default=500, help="SCAN COUNT hint (default: 500)")
+
+    force = sub.add_parser(
+        "force-release",
+        parents=[common],
+        help="release a lock whoever holds it (asks first)",
+        description="Force-release the lock, fair lock or read-write lock NAME through the "
+        "library (the fencing counter is kept, waiters are woken; the holder's watchdog "
+        "reports LockLostError). Asks for confirmation unless --yes. Exits 1 if nothing "
+        "is held or the answer is not yes.",
+    )
+    force.add_argument("name", metavar="NAME")
+    force.add_argument("-y", "--yes", action="store_true", help="do not ask")
+
+
+# --------------------------------------------------------------------------- connecting
+
+
+def shown_url(url: str) -> str:
+    """``url`` without its password, for messages."""
+    return re.sub(r"//[^/@]*@", "//***@", url)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where to connect and how (the common options, resolved)."""
+
+    url: str
+    prefix: str
+    cluster: bool | None
+    kwargs: dict[str, Any]
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Target:
+        url = args.url or os.environ.get("REDIS_URL") or "redis://localhost:6379"
+        kwargs: dict[str, Any] = {
+            "socket_connect_timeout": args.timeout,
+            "socket_timeout": args.timeout,
+        }
+        tls = args.tls or args.tls_ca_cert or args.tls_cert or args.tls_key or args.tls_insecure
+        if tls:
+            if url.startswith("redis://"):
+                url = "rediss://" + url[len("redis://") :]
+            elif not url.startswith("rediss://"):
+                raise OpsError(
+                    f"aiolock: TLS options need a redis:// or rediss:// URL, got {shown_url(url)}"
+                )
+        if args.tls_ca_cert:
+            kwargs["ssl_ca_certs"] = args.tls_ca_cert
+        if args.tls_cert:
+            kwargs["ssl_certfile"] = args.tls_cert
+        if args.tls_key:
+            kwargs["ssl_keyfile"] = args.tls_key
+        if args.tls_insecure:
+            kwargs["ssl_cert_reqs"] = "none"
+            kwargs["ssl_check_hostname"] = False
+        return cls(url, args.prefix, args.cluster, kwargs)
+
+    def redis(self, url: str | None = None, **extra: Any) -> aioredis.Redis:
+        try:
+            return aioredis.Redis.from_url(url or self.url, **self.kwargs, **extra)
+        except (ValueError, TypeError) as exc:
+            raise OpsError(f"aiolock: invalid URL {shown_url(self.url)}: {exc}") from None
+
+    def redis_cluster(self, **extra: Any) -> RedisCluster:
+        try:
+            return RedisCluster.from_url(self.url, **self.kwargs, **extra)
+        except (ValueError, TypeError, RedisClusterException) as exc:
+            raise OpsError(f"aiolock: invalid URL {shown_url(self.url)}: {exc}") from None
+
+    def node_url(self, host: str, port: int) -> str:
+        parts = urlsplit(self.url)
+        auth = parts.netloc.rpartition("@")[0]
+        netloc = f"{auth}@{host}:{port}" if auth else f"{host}:{port}"
+        return urlunsplit(parts._replace(netloc=netloc))
+
+
+class Server:
+    """Connections (decoded replies) to a standalone server or to every master of a cluster."""
+
+    def __init__(
+        self,
+        target: Target,
+        nodes: list[aioredis.Redis],
+        addresses: list[tuple[str, int]],
+        slots: RedisCluster | None,
+    ) -> None:
+        self.target = target
+        self.nodes = nodes
+        self.addresses = addresses
+        self.slots = slots  # cluster mode: the discovered slot map (its connections unused)
+        self.cluster = slots is not None
+
+    @classmethod
+    async def open(cls, target: Target) -> Server:
+        seed = target.redis(decode_responses=True)
+        try:
+            cluster = target.cluster
+            if cluster is None:
+                try:
+                    info = await seed.info("cluster")
+                    cluster = bool(info.get("cluster_enabled"))
+                except AuthenticationError:
+                    raise
+                except ResponseError:  # INFO refused (ACL, renamed): take it as standalone
+                    cluster = False
+            if not cluster:
+                await seed.ping()
+                return cls(target, [seed], [], None)
+            await seed.aclose()
+            rc = target.redis_cluster(decode_responses=True)
+            try:
+                await rc.initialize()
+            except BaseException:
+                await rc.aclose()
+                raise
+            masters = [(n.host, int(n.port)) for n in rc.get_primaries()]
+            nodes = [target.redis(target.node_url(h, p), decode_responses=True) for h, p in masters]
+            return cls(target, nodes, masters, rc)
+        except BaseException:
+            await seed.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        for node in self.nodes:
+            await node.aclose()
+        if self.slots is not None:
+            await self.slots.aclose()
+
+    async def names(self, node: aioredis.Redis, pattern: str, count: int) -> set[str]:
+        """The names matching ``pattern`` that have a key on ``node`` (SCAN, MATCH, COUNT)."""
+        prefix = self.target.prefix
+        escaped = _GLOB_SPECIAL.sub(r"\\\g<0>", prefix)
+        match = f"{escaped}:{{{pattern}}}*"
+        found: set[str] = set()
+        async for key in node.scan_iter(match=match, count=count):
+            name = name_of_key(prefix, key)
+            if name is not None and glob_match(pattern, name):
+                found.add(name)
+        return found
+
+    async def read(self, node: aioredis.Redis, names: Sequence[str]) -> list[NameState]:
+        """The state of each name (all on ``node``), described."""
+        return [describe(raw) for raw in await self.read_raw(node, names)]
+
+    async def read_raw(self, node: aioredis.Redis, names: Sequence[str]) -> list[RawName]:
+        """The keys of each name (all on ``node``) as read: one pipelined round trip
+        per batch of names, with the server's clock; no write."""
+        states: list[RawName] = []
+        prefix = self.target.prefix
+        for start in range(0, len(names), _BATCH):
+            batch = names[start : start + _BATCH]
+            pipe = node.pipeline(transaction=False)
+            pipe.time()
+            for name in batch:
+                main = f"{prefix}:{{{name}}}"
+                for suffix, kind in KEY_SUFFIXES.items():
+                    key = main + suffix
+                    pipe.type(key)
+                    pipe.pttl(key)
+                    if kind == "hash":
+                        pipe.hgetall(key)
+                    elif kind == "zset":
+                        pipe.zrange(key, 0, -1, withscores=True)
+                    elif kind == "list":
+                        pipe.lrange(key, 0, -1)
+                    else:
+                        pipe.get(key)
+            replies = await pipe.execute(raise_on_error=False)
+            for reply in replies:
+                if isinstance(reply, ResponseError) and not _wrong_type(reply):
+                    raise reply
+            seconds, micros = replies[0]
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+            at = 1
+            for name in batch:
+                main = f"{prefix}:{{{name}}}"
+                keys: dict[str, RawKey] = {}
+                for suffix in KEY_SUFFIXES:
+                    kind, pttl, value = replies[at : at + 3]
+                    at += 3
+                    if isinstance(value, Exception) or kind == "none":
+                        value = None
+                    keys[suffix] = RawKey(main + suffix, str(kind), int(pttl), value)
+                states.append(RawName(prefix, name, now_ms, keys))
+        return states
+
+    async def collect(self, pattern: str, count: int = 500) -> list[NameState]:
+        """Every name matching ``pattern`` on every node, described, sorted by name."""
+
+        async def one(node: aioredis.Redis) -> list[NameState]:
+            names = sorted(await self.names(node, pattern, count))
+            return await self.read(node, names)
+
+        per_node = await asyncio.gather(*(one(node) for node in self.nodes))
+        return sorted((s for states in per_node for s in states), key=lambda s: s.name)
+
+    async def state(self, name: str) -> NameState:
+        """The state of one name (read on the node that serves it)."""
+        node = self.nodes[0]
+        if self.cluster:
+            node = await self._node_for(f"{self.target.prefix}:{{{name}}}")
+        return (await self.read(node, [name]))[0]
+
+    async def _node_for(self, key: str) -> aioredis.Redis:
+        assert self.slots is not None
+        node = self.slots.get_node_from_key(key)
+        if node is None:
+            raise OpsError(f"aiolock: no master known serves the slot of {key!r}; try again")
+        host, port = node.name.rsplit(":", 1)
+        for candidate, address in zip(self.nodes, self.addresses, strict=True):
+            if address == (host, int(port)):
+                return candidate
+        raise OpsError(f"aiolock: no master known serves the slot of {key!r}; try again")
+
+
+def _wrong_type(exc: ResponseError) -> bool:
+    return str(exc).startswith("WRONGTYPE")
+
+
+def _arun(make: Callable[[], Coroutine[Any, Any, T]], target: Target) -> T:
+    """Run ``make()``; turn connection failures into a one-line OpsError (exit 2)."""
+    shown = shown_url(target.url)
+    try:
+        return asyncio.run(make())
+    except AuthenticationError as exc:
+        raise OpsError(
+            f"aiolock: {shown} refused the login: {exc}. Check the URL's user and password"
+        ) from None
+    except (ConnectionError, TimeoutError, OSError) as exc:
+        raise OpsError(_cannot_connect(shown, exc)) from None
+    except RedisClusterException as exc:  # e.g. --cluster on a standalone server
+        raise OpsError(f"aiolock: {shown} as a cluster: {exc}. Check --cluster") from None
+    except RedisError as exc:
+        if isinstance(exc, ResponseError):
+            raise OpsError(f"aiolock: {shown} refused a command: {exc}") from None
+        raise OpsError(_cannot_connect(shown, exc)) from None
+
+
+def _cannot_connect(shown: str, exc: BaseException) -> str:
+    reason = str(exc).strip().rstrip(".") or type(exc).__name__
+    found = re.match(r"Error (\d+) connecting to \S+?\. ", reason)
+    if found is not None:  # redis-py's "Error 111 connecting to h:p. <detail>"
+        reason = os.strerror(int(found[1]))
+    return f"aiolock: cannot connect to {shown}: {reason}. Check --url or REDIS_URL"
+
+
+async def _with_server(target: Target, body: Callable[[Server], Coroutine[Any, Any, T]]) -> T:
+    server = await Server.open(target)
+    try:
+        return await body(server)
+    finally:
+        await server.aclose()
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def _secs(ms: int | None) -> str:
+    if ms is None:
+        return "no expiry"
+    if ms >= 3_600_000:
+        return f"{ms // 3_600_000}h{ms % 3_600_000 // 60_000:02d}m"
+    if ms >= 120_000:
+        return f"{ms // 60_000}m{ms % 60_000 // 1000:02d}s"
+    return f"{ms / 1000:.1f} s"
+
+
+def _short(client_id: str) -> str:
+    return client_id[:8] + "…" if len(client_id) > 9 else client_id
+
+
+def primitive_json(p: Primitive) -> dict[str, Any]:
+    """A primitive as JSON (the fields the README documents)."""
+    return {
+        "name": p.name,
+        "kind": p.kind,
+        "key": p.key,
+        "held": p.held,
+        "ttl_ms": p.ttl_ms,
+        "holders": [asdict(h) for h in p.holders],
+        "waiters": [asdict(w) for w in p.waiters],
+        "untracked_waiters": p.untracked_waiters,
+        "last_token": p.last_token,
+        "last_released": p.last_released,
+        "details": dict(p.details),
+    }
+
+
+def state_json(s: NameState) -> dict[str, Any]:
+    """A name's state as JSON (``inspect --json``)."""
+    return {
+        "prefix": s.prefix,
+        "name": s.name,
+        "exists": s.exists,
+        "last_token": s.last_token,
+        "last_released": s.last_released,
+        "primitives": [primitive_json(p) for p in s.primitives],
+        "keys": [asdict(k) for k in s.keys],
+    }
+
+
+_KIND_WORDS = {
+    "lock": "lock",
+    "fair_lock": "fair lock",
+    "rw_lock": "read-write lock",
+    "semaphore": "semaphore",
+    "latch": "latch",
+    "redlock": "Redlock lock (this server's part)",
+    "foreign": "key",
+}
+
+
+def holder_text(p: Primitive) -> str:
+    """Who holds ``p``, in a few words (``top`` and ``force-release``)."""
+    if not p.holders:
+        return "nobody"
+    parts = []
+    for h in p.holders:
+        what = f"{h.owner}"
+        if h.role in ("read", "write"):
+            what += f" ({h.role})"
+        if h.permits is not None:
+            what += f" ({h.permits} permit{'s' if h.permits != 1 else ''})"
+        parts.append(what)
+    return ", ".join(parts)
+
+
+def ls_rows(p: Primitive) -> list[list[str]]:
+    """Table rows of one primitive: one per holder (at least one)."""
+    waiting = str(len(p.waiters)) + ("+" if p.untracked_waiters else "")
+    if p.kind == "latch":
+        return [
+            [p.name, p.kind, f"count {p.details.get('count', 0)}", "-", _secs(p.ttl_ms), "-", "-"]
+        ]
+    holders = p.holders or ()
+    if not holders:
+        return [[p.name, p.kind, "-", "-", "-", _tok(p.last_token), waiting]]
+    rows = []
+    for h in holders:
+        owner = h.owner
+        if h.role in ("read", "write"):
+            owner += f" ({h.role})"
+        count = str(h.permits) + "p" if h.permits is not None else str(h.count)
+        token = _tok(h.token) if h.token is not None else _tok(p.last_token) + "*"
+        rows.append([p.name, p.kind, owner, count, _secs(h.ttl_ms), token, waiting])
+    return rows
+
+
+def _tok(token: int | None) -> str:
+    return "-" if token is None else str(token)
+
+
+LS_HEADER = ["NAME", "KIND", "HOLDER", "HOLDS", "TTL", "TOKEN", "WAITING"]
+
+
+def _table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(r[i]) for r in [LS_HEADER, *rows]) for i in range(len(LS_HEADER))]
+    for row in [LS_HEADER, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)
+
+
+def explain(s: NameState) -> list[str]:
+    """``inspect``'s text: what is kept for the name, in sentences."""
+    lines: list[str] = []
+    if not s.exists:
+        return [f"nothing is kept for {s.name!r} under prefix {s.prefix!r}."]
+    for p in s.primitives:
+        lines.append(f"{_KIND_WORDS[p.kind]} {p.name!r} (key {p.key}):")
+        lines.extend("  " + line for line in _explain_primitive(p))
+    if not s.primitives:
+        lines.append(f"{s.name!r} is not held; only its fencing counter is kept.")
+    if s.last_token is not None:
+        released = f"; last released {s.last_released}" if s.last_released is not None else ""
+        lines.append(
+            f"fencing counter: last token issued {s.last_token} (counting tokens a Client "
+            f"reserved for local handoffs){released}."
+        )
+    lines.append("keys:")
+    lines.extend(f"  {k.key}  {k.type}, {_secs(k.ttl_ms)}" for k in s.keys)
+    return lines
+
+
+def _who(client_id: str, task: int | None) -> str:
+    if task is None:
+        return f"client {client_id}"
+    return f"task {task} of client {client_id}"
+
+
+def _explain_primitive(p: Primitive) -> list[str]:
+    out: list[str] = []
+    if p.kind == "foreign":
+        return [f"holds a {p.details.get('type')} aiolock did not write; aiolock refuses to use it"]
+    if p.kind == "latch":
+        count = p.details.get("count", 0)
+        state = f"counting down: {count} to go" if count else "open (count 0)"
+        return [
+            f"{state}; opened {p.details.get('generation', 0)} time(s); kept {_secs(p.ttl_ms)} more"
+        ]
+    if p.kind == "semaphore":
+        out.append(f"{p.details.get('in_use', 0)} of {p.details.get('permits', 0)} permits in use")
+    for h in p.holders:
+        role = {"exclusive": "held", "write": "held for writing", "read": "held for reading"}.get(
+            h.role, f"{h.permits} permit(s) held"
+        )
+        token = f", fencing token {h.token}" if h.token is not None else ""
+        holds = ""
+        if h.role in ("exclusive", "write", "read") and p.kind != "redlock":
+            holds = f", {h.count} hold recorded (re-entries are counted in its Client)"
+        out.append(
+            f"{role} by {_who(h.client_id, h.task)} (owner {h.owner}){holds}, "
+            f"{_secs(h.ttl_ms)} left{token}"
+        )
+    if not p.holders and p.kind != "semaphore":
+        out.append("not held")
+    if p.kind == "redlock" and p.last_token is not None:
+        out.append(f"highest fencing token accepted on this server: {p.last_token}")
+    if p.kind == "semaphore" and p.holders:
+        out.append("(a semaphore keeps no fencing token per holder)")
+    if p.waiters:
+        clients = len({w.client_id for w in p.waiters})
+        out.append(f"{len(p.waiters)} waiting ({clients} Client{'s' if clients != 1 else ''}):")
+        for i, w in enumerate(p.waiters, 1):
+            what = {
+                "task": f"{_who(w.client_id, w.task)} (its Client's other tasks queue behind it)",
+                "queued": f"#{i} {_who(w.client_id, w.task)}",
+                "writer": f"writer {_who(w.client_id, w.task)}",
+                "readers": f"readers of client {w.client_id}",
+                "claim": f"{_who(w.client_id, w.task)} claims {w.permits} permit(s) "
+                "(it has waited longest)",
+            }[w.role]
+            out.append(f"  {what}; entry lapses in {_secs(w.ttl_ms)} unless renewed")
+    if p.untracked_waiters:
+        out.append(
+            "other tasks wait without a waiting-set entry (list or poll mode, spin or "
+            "multi locks): the release wakes them"
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the subcommand ``args.command``; the exit code (see the module docstring)."""
+    try:
+        target = Target.of(args)
+        if args.command == "ls":
+            return _ls(args, target)
+        if args.command == "inspect":
+            return _inspect(args, target)
+        if args.command == "top":
+            return _top(args, target)
+        return _force_release(args, target)
+    except OpsError as exc:
+        print(str(exc), file=sys.stderr)
+        return exc.code
+
+
+def _listed(states: list[NameState], everything: bool) -> list[Primitive]:
+    return [p for s in states for p in s.primitives if everything or p.held or p.contended]
+
+
+def _ls(args: argparse.Namespace, target: Target) -> int:
+    async def body(server: Server) -> tuple[list[NameState], bool, int]:
+        return await server.collect(args.pattern, args.count), server.cluster, len(server.nodes)
+
+    states, cluster, nodes = _arun(lambda: _with_server(target, body), target)
+    listed = _listed(states, args.all)
+    if args.json:
+        doc = {
+            "prefix": target.prefix,
+            "pattern": args.pattern,
+            "cluster": cluster,
+            "masters": nodes,
+            "locks": [primitive_json(p) for p in listed],
+        }
+        print(json.dumps(doc, indent=2))
+        return 0
+    if not listed:
+        print(f"no held or contended locks match {args.pattern!r} under prefix {target.prefix!r}")
+        return 0
+    _table([row for p in listed for row in ls_rows(p)], sys.stdout)
+    return 0
+
+
+def _inspect(args: argparse.Namespace, target: Target) -> int:
+    async def body(server: Server) -> NameState:
+        return await server.state(args.name)
+
+    state = _arun(lambda: _with_server(target, body), target)
+    if args.json:
+        print(json.dumps(state_json(state), indent=2))
+    else:
+        print("\n".join(explain(state)))
+    return 0 if state.exists else 1
+
+
+# The kinds force-release can evict, with the Client's factory of that kind.
+_RELEASABLE = ("lock", "fair_lock", "rw_lock")
+
+
+def _force_release(args: argparse.Namespace, target: Target) -> int:
+    name = args.name
+
+    async def look(server: Server) -> tuple[NameState, bool]:
+        return await server.state(name), server.cluster
+
+    state, cluster = _arun(lambda: _with_server(target, look), target)
+    held = [p for p in state.primitives if p.held]
+    kinds = [p for p in held if p.kind in _RELEASABLE]
+    others = [p for p in held if p.kind not in _RELEASABLE]
+    for p in others:
+        print(
+            f"aiolock: {_KIND_WORDS[p.kind]} {name!r} is held by {holder_text(p)}, but cannot "
+            "be force-released from here"
+            + (" (a semaphore has no force-release)" if p.kind == "semaphore" else "")
+            + (" (a Redlock spans several masters)" if p.kind == "redlock" else ""),
+            file=sys.stderr,
+        )
+    if not kinds:
+        if not others:
+            print(f"no lock named {name!r} is held (prefix {target.prefix!r}); nothing done")
+        return 1
+    p = kinds[0]
+    what = f"{_KIND_WORDS[p.kind]} {name!r} held by {holder_text(p)}"
+    if not args.yes:
+        sys.stdout.write(f"force-release {what}? [y/N] ")
+        sys.stdout.flush()
+        try:
+            answer = sys.stdin.readline().strip().lower()
+        except KeyboardInterrupt:
+            answer = ""
+            print()
+        if answer not in ("y", "yes"):
+            print("not confirmed; nothing done")
+            return 1
+
+    async def release() -> bool:
+        from aiolock import Client
+
+        redis: aioredis.Redis | RedisCluster = target.redis_cluster() if cluster else target.redis()
+        client = Client(redis, prefix=target.prefix)
+        try:
+            if p.kind == "lock":
+                return await client.lock(name).force_release()
+            if p.kind == "fair_lock":
+                return await client.fair_lock(name).force_release()
+            return await client.rw_lock(name).force_release()
+        finally:
+            await client.aclose()
+            await redis.aclose()
+
+    try:
+        done = _arun(release, target)
+    except Exception as exc:  # an AiolockError from the library: one line, exit 2
+        if isinstance(exc, OpsError):
+            raise
+        raise OpsError(f"aiolock: force-release of {name!r} failed: {exc}") from None
+    if not done:
+        print(f"{_KIND_WORDS[p.kind]} {name!r} was no longer held; nothing done")
+        return 1
+    print(
+        f"force-released {what}; the holder's watchdog will report LockLostError "
+        "(fencing counter kept, waiters woken)"
+    )
+    return 0
+
+
+def _top(args: argparse.Namespace, target: Target) -> int:
+    from aiolock.cli.ops_view import make_view
+
+    if args.interval <= 0:
+        raise OpsError("aiolock: --interval must be positive")
+
+    async def body(server: Server) -> None:
+        view = make_view(target, plain=args.plain, out=sys.stdout)
+        try:
+            n = 0
+            while args.iterations is None or n < args.iterations:
+                started = time.monotonic()
+                states = await server.collect(args.pattern, args.count)
+                view.update(_listed(states, False))
+                n += 1
+                if args.iterations is not None and n >= args.iterations:
+                    break
+                await asyncio.sleep(max(0.0, args.interval - (time.monotonic() - started)))
+        finally:
+            view.close()
+
+    try:
+        _arun(lambda: _with_server(target, body), target)
+    except KeyboardInterrupt:
+        pass
+    return 0

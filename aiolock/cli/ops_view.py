@@ -1,0 +1,96 @@
+"""``aiolock top``'s views: a live rich table on a terminal, plain lines elsewhere.
+
+``make_view`` picks: rich (the ``demo`` extra) when ``out`` is a terminal and
+``plain`` was not asked for, else ``PlainView``. Both take the listed
+primitives of one refresh in ``update`` and are stopped by ``close``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Protocol, TextIO
+
+from aiolock.cli.ops import LS_HEADER, Target, ls_rows, shown_url
+from aiolock.cli.ops_state import Primitive
+
+if TYPE_CHECKING:
+    from rich.live import Live
+
+__all__ = ["PlainView", "RichView", "View", "make_view"]
+
+
+class View(Protocol):
+    def update(self, listed: list[Primitive]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _summary(listed: list[Primitive]) -> str:
+    held = sum(1 for p in listed if p.held)
+    contended = sum(1 for p in listed if p.contended)
+    return f"{held} held, {contended} contended"
+
+
+class PlainView:
+    """One header line per refresh, then a line per holder (tab-separated ``ls`` columns)."""
+
+    def __init__(self, target: Target, out: TextIO) -> None:
+        self.target = target
+        self.out = out
+
+    def update(self, listed: list[Primitive]) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        print(
+            f"{stamp} {shown_url(self.target.url)} prefix {self.target.prefix}: {_summary(listed)}",
+            file=self.out,
+        )
+        for p in listed:
+            for row in ls_rows(p):
+                print("\t".join(row), file=self.out)
+        self.out.flush()
+
+    def close(self) -> None:
+        pass
+
+
+class RichView:
+    """A live table, redrawn in place each refresh."""
+
+    def __init__(self, target: Target) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.target = target
+        self.live: Live = Live(console=Console(), auto_refresh=False, transient=False)
+        self.live.start()
+
+    def update(self, listed: list[Primitive]) -> None:
+        from rich.table import Table
+
+        title = (
+            f"aiolock top · {shown_url(self.target.url)} · prefix {self.target.prefix} · "
+            f"{time.strftime('%H:%M:%S')} · {_summary(listed)}"
+        )
+        table = Table(title=title, title_justify="left")
+        for column in LS_HEADER:
+            table.add_column(column, overflow="fold", no_wrap=column == "KIND")
+        for p in listed:
+            style = "bold red" if p.contended else None
+            for row in ls_rows(p):
+                table.add_row(*row, style=style)
+        if not listed:
+            table.add_row("(none)", *[""] * (len(LS_HEADER) - 1))
+        self.live.update(table, refresh=True)
+
+    def close(self) -> None:
+        self.live.stop()
+
+
+def make_view(target: Target, *, plain: bool, out: TextIO) -> View:
+    """A RichView when ``out`` is a terminal, rich is installed and not ``plain``; else plain."""
+    if not plain and out.isatty():
+        try:
+            return RichView(target)
+        except ImportError:
+            pass
+    return PlainView(target, out)

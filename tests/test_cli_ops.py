@@ -1,0 +1,576 @@
+"""``aiolock ls | inspect | top | force-release`` against real servers and real holders.
+
+Most runs are in-process (``aiolock.cli.main`` in a worker thread, since it runs
+its own event loop, while the holders' Clients keep running on the test's loop);
+a few are subprocesses, as a user runs them: exit codes, stdin confirmation,
+Ctrl-C, and ``top`` under a pseudo-terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import json
+import os
+import pty
+import re
+import signal
+import struct
+import subprocess
+import sys
+import termios
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from aiolock import Client, LockLostError, Redlock
+from aiolock._core.keys import main_key
+from aiolock.cli import main
+from aiolock.cli.ops import Server, Target, add_arguments, state_json
+from aiolock.cli.ops_state import describe, glob_match, name_of_key
+from tests.cluster_servers import ClusterProcess
+from tests.conftest import MakeClient
+from tests.core_util import eventually
+from tests.servers import find_free_port
+
+#: The fields of one primitive in ``ls --json`` / ``inspect --json`` (the README's).
+PRIMITIVE_FIELDS = {
+    "name", "kind", "key", "held", "ttl_ms", "holders", "waiters",
+    "untracked_waiters", "last_token", "last_released", "details",
+}  # fmt: skip
+HOLDER_FIELDS = {"owner", "client_id", "task", "role", "ttl_ms", "token", "count", "permits"}
+WAITER_FIELDS = {"client_id", "role", "ttl_ms", "task", "owner", "permits"}
+#: A watchdog-kept hold whose loss must be seen quickly: renewed every 1.5 s.
+SHORT_LEASE = 4.5
+
+Cli = Callable[..., Awaitable[tuple[int, str, str]]]
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], url: str) -> Cli:
+    """``await cli("ls", ...)``: ``aiolock.cli.main`` on ``url`` in a thread; (code, out, err)."""
+
+    async def run(*args: str, target: str | None = None) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = await asyncio.to_thread(main, [*args, "--url", target or url])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+@pytest.fixture
+async def admin(url: str) -> AsyncIterator[aioredis.Redis]:
+    connection = aioredis.Redis.from_url(url, decode_responses=True)
+    yield connection
+    await connection.aclose()
+
+
+@pytest.fixture
+def one_backend(request: pytest.FixtureRequest) -> None:
+    """What a command-line process does with stdin, a terminal or a signal does not
+    depend on the server: such a test runs with one backend (skipped with valkey)."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("server") == "valkey":
+        pytest.skip("command-line process behaviour: run with one backend")
+
+
+def aiolock_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "aiolock", *args]
+
+
+def child_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+
+
+def _default_sigint() -> None:
+    # A terminal's Ctrl-C even when the suite runs in the background (see README_TESTING_NOTES).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+async def run_child(*args: str, stdin: bytes = b"") -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *aiolock_argv(*args),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_env(),
+    )
+    out, err = await asyncio.wait_for(proc.communicate(stdin), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def by_kind(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(p["name"], p["kind"]): p for p in doc["locks"]}
+
+
+async def hold_until_lost(
+    lock: Any, entered: asyncio.Event, owner: list[str], client: Client
+) -> BaseException | None:
+    """``async with lock:`` (on_lost="cancel") until the hold is lost; what it raised."""
+    try:
+        async with lock:
+            task = asyncio.current_task()
+            assert task is not None
+            owner.append(client.owner(task))
+            entered.set()
+            await asyncio.sleep(3600)
+    except LockLostError as exc:
+        return exc
+    return None
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def test_key_names_and_globs() -> None:
+    assert name_of_key("aiolock", "aiolock:{a:b}") == "a:b"
+    assert name_of_key("aiolock", "aiolock:{a}:fence") == "a"
+    assert name_of_key("aiolock", "aiolock:{a}:rl:fence") == "a"
+    assert name_of_key("aiolock", "aiolock:{a}:sig:0af3") == "a"
+    assert name_of_key("aiolock", "aiolock:{a}:other") is None
+    assert name_of_key("aiolock", "other:{a}") is None
+    assert glob_match("orders:*", "orders:42")
+    assert not glob_match("orders:*", "users:1")
+    assert glob_match("o?d[a-z]rs", "orders")
+    assert glob_match(r"a\*", "a*") and not glob_match(r"a\*", "ab")
+
+
+def test_the_readme_documents_every_json_field() -> None:
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    found = re.search(r"^### The command line\n(.*?)(?=^## )", text, re.M | re.S)
+    assert found, "README has no '### The command line'"
+    documented = set(re.findall(r"`(\w+)`", found[1]))
+    fields = PRIMITIVE_FIELDS | HOLDER_FIELDS | WAITER_FIELDS
+    assert fields - documented == set()
+    for top in ("prefix", "pattern", "cluster", "masters", "locks", "exists", "keys", "type"):
+        assert f'"{top}"' in found[1], top
+
+
+# --------------------------------------------------------------------------- ls, inspect
+
+
+async def test_ls_and_inspect_show_every_kind(
+    cli: Cli, admin: aioredis.Redis, client: Client, other_client: Client
+) -> None:
+    a, b = client, other_client
+    me = a.owner(asyncio.current_task())  # type: ignore[arg-type]
+    lock = await a.lock("k:lock").acquire()
+    spin = await a.spin_lock("k:spin").acquire()
+    fair = await a.fair_lock("k:fair").acquire()
+    read_a = await a.rw_lock("k:rw").read.acquire()
+    read_b = await b.rw_lock("k:rw").read.acquire()
+    permit = await a.semaphore("k:sem", 2).acquire()
+    assert await a.latch("k:latch", 2).try_set_count()
+    red = await Redlock([a]).lock("k:red").acquire()
+    waiters = [
+        asyncio.create_task(b.lock("k:lock").acquire()),
+        asyncio.create_task(b.fair_lock("k:fair").acquire()),
+        asyncio.create_task(a.rw_lock("k:rw").write.acquire()),
+        asyncio.create_task(b.semaphore("k:sem", 2).acquire(2)),
+    ]
+    try:
+        await eventually(
+            lambda: admin.zcard("aiolock:{k:lock}:wq"), what="the lock's waiter registered"
+        )
+        await eventually(
+            lambda: admin.zcount("aiolock:{k:fair}:q", 1, "+inf"), what="the fair waiter queued"
+        )
+        await eventually(lambda: admin.zcard("aiolock:{k:rw}:wq"), what="the writer waiting")
+        await eventually(lambda: admin.hexists("aiolock:{k:sem}", "c"), what="the semaphore claim")
+
+        code, out, _ = await cli("ls", "--json")
+        assert code == 0
+        doc = json.loads(out)
+        assert doc["prefix"] == "aiolock" and doc["cluster"] is False and doc["masters"] == 1
+        found = by_kind(doc)
+        assert set(found) == {
+            ("k:lock", "lock"), ("k:spin", "lock"), ("k:fair", "fair_lock"),
+            ("k:rw", "rw_lock"), ("k:sem", "semaphore"), ("k:latch", "latch"),
+            ("k:red", "redlock"),
+        }  # fmt: skip
+        for p in doc["locks"]:
+            assert set(p) == PRIMITIVE_FIELDS
+            for h in p["holders"]:
+                assert set(h) == HOLDER_FIELDS
+                assert 0 < h["ttl_ms"] <= 30_000
+            for w in p["waiters"]:
+                assert set(w) == WAITER_FIELDS
+
+        def holder(name: str, kind: str) -> dict[str, Any]:
+            (h,) = found[(name, kind)]["holders"]
+            return h
+
+        for name, kind, lease in [
+            ("k:lock", "lock", lock),
+            ("k:spin", "lock", spin),
+            ("k:fair", "fair_lock", fair),
+        ]:
+            h = holder(name, kind)
+            assert (h["owner"], h["client_id"], h["token"], h["count"]) == (
+                me,
+                a.id,
+                lease.fencing_token,
+                1,
+            )
+            assert h["task"] == int(me.rsplit(":", 1)[1])
+        assert found[("k:lock", "lock")]["waiters"][0]["client_id"] == b.id
+        assert found[("k:lock", "lock")]["waiters"][0]["role"] == "task"
+        assert found[("k:lock", "lock")]["last_token"] >= lock.fencing_token
+        assert [w["client_id"] for w in found[("k:fair", "fair_lock")]["waiters"]] == [b.id]
+        rw = found[("k:rw", "rw_lock")]
+        assert {(h["client_id"], h["role"], h["token"]) for h in rw["holders"]} == {
+            (a.id, "read", read_a.fencing_token),
+            (b.id, "read", read_b.fencing_token),
+        }
+        assert [(w["client_id"], w["role"]) for w in rw["waiters"]] == [(a.id, "writer")]
+        sem = found[("k:sem", "semaphore")]
+        assert sem["details"] == {"permits": 2, "in_use": 1}
+        assert (sem["holders"][0]["owner"], sem["holders"][0]["permits"]) == (me, 1)
+        assert sem["last_token"] == permit.fencing_token
+        assert [(w["client_id"], w["role"], w["permits"]) for w in sem["waiters"]] == [
+            (b.id, "claim", 2)
+        ]
+        assert found[("k:latch", "latch")]["details"] == {"count": 2, "generation": 0}
+        assert found[("k:latch", "latch")]["held"] is True
+        assert holder("k:red", "redlock")["owner"] == me
+        assert found[("k:red", "redlock")]["last_token"] == red.fencing_token
+
+        code, out, _ = await cli("ls")
+        assert code == 0
+        assert out.splitlines()[0].split() == [
+            "NAME", "KIND", "HOLDER", "HOLDS", "TTL", "TOKEN", "WAITING"
+        ]  # fmt: skip
+        line = next(x for x in out.splitlines() if x.startswith("k:lock "))
+        assert me in line and str(lock.fencing_token) in line and line.split()[-1] == "1"
+
+        code, out, _ = await cli("inspect", "k:lock")
+        assert code == 0, out
+        assert f"held by task {me.rsplit(':', 1)[1]} of client {a.id} (owner {me})" in out
+        assert f"fencing token {lock.fencing_token}" in out
+        assert "1 waiting (1 Client):\n    task" in out and f"of client {b.id}" in out
+        assert "aiolock:{k:lock}:fence  hash" in out and "aiolock:{k:lock}:wq  zset" in out
+        code, out, _ = await cli("inspect", "k:rw")
+        assert out.count("held for reading by task") == 2 and "writer task" in out
+        code, out, _ = await cli("inspect", "k:sem")
+        assert "1 of 2 permits in use" in out and "claims 2 permit(s)" in out
+        code, out, _ = await cli("inspect", "k:fair")
+        assert "#1 task" in out and f"of client {b.id}" in out
+        code, out, _ = await cli("inspect", "k:latch")
+        assert "counting down: 2 to go" in out
+        code, out, _ = await cli("inspect", "k:red")
+        assert "Redlock lock" in out and f"(owner {me})" in out
+
+        # --json: the same description the reader gives, field for field.
+        code, out, _ = await cli("inspect", "k:rw", "--json")
+        assert code == 0
+        doc = json.loads(out)
+        server = await Server.open(Target(url_of(admin), "aiolock", None, {}))
+        try:
+            assert doc["name"] == "k:rw" and doc["exists"] is True
+            assert {k["key"] for k in doc["keys"]} >= {"aiolock:{k:rw}", "aiolock:{k:rw}:wq"}
+            fresh = state_json(await server.state("k:rw"))
+        finally:
+            await server.aclose()
+        for p, q in zip(doc["primitives"], fresh["primitives"], strict=True):
+            assert [h["owner"] for h in p["holders"]] == [h["owner"] for h in q["holders"]]
+            assert [h["token"] for h in p["holders"]] == [h["token"] for h in q["holders"]]
+    finally:
+        for task in waiters:
+            task.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        for held in (lock, spin, fair, read_a, read_b, permit, red):
+            await held.release()
+
+
+def url_of(connection: aioredis.Redis) -> str:
+    kw = connection.connection_pool.connection_kwargs
+    return f"redis://{kw['host']}:{kw['port']}/{kw.get('db', 0)}"
+
+
+async def test_describe_is_pure_over_what_the_library_wrote(url: str, client: Client) -> None:
+    # The reader's raw keys of a real hold, described at two server clocks:
+    # the expiry rules are the scripts' (a hold past its expiry is gone).
+    read = await client.rw_lock("pure").read.acquire(lease=60.0)
+    permit = await client.semaphore("pure-sem", 3).acquire(2, lease=60.0)
+    server = await Server.open(Target(url, "aiolock", None, {}))
+    try:
+        raw_rw, raw_sem = await server.read_raw(server.nodes[0], ["pure", "pure-sem"])
+    finally:
+        await server.aclose()
+    (rw,) = describe(raw_rw).primitives
+    assert [(h.role, h.token) for h in rw.holders] == [("read", read.fencing_token)]
+    assert 30_000 < (rw.holders[0].ttl_ms or 0) <= 60_000  # the fixed 60 s lease
+    (sem,) = describe(raw_sem).primitives
+    assert sem.details == {"permits": 3, "in_use": 2} and sem.holders[0].permits == 2
+    later = 61_000
+    assert describe(replace(raw_rw, now_ms=raw_rw.now_ms + later)).primitives[0].holders == ()
+    expired = describe(replace(raw_sem, now_ms=raw_sem.now_ms + later)).primitives[0]
+    assert expired.holders == () and expired.details["in_use"] == 0
+    await read.release()
+    await permit.release()
+
+
+async def test_ls_filters_by_pattern_with_scan_not_keys(
+    cli: Cli, admin: aioredis.Redis, client: Client
+) -> None:
+    leases = [await client.lock(n).acquire() for n in ("orders:1", "orders:2", "users:1")]
+    await client.lock("orders:gone").acquire(lease=60.0)
+    await client.lock("orders:gone").force_release()  # only its fence counter is left
+    before = await admin.info("commandstats")
+    code, out, _ = await cli("ls", "orders:*", "--json")
+    after = await admin.info("commandstats")
+    assert code == 0
+    assert [p["name"] for p in json.loads(out)["locks"]] == ["orders:1", "orders:2"]
+    assert after.get("cmdstat_keys") == before.get("cmdstat_keys")
+    assert after["cmdstat_scan"]["calls"] > before.get("cmdstat_scan", {"calls": 0})["calls"]
+    code, out, _ = await cli("ls", "orders:*", "--all", "--json")
+    assert [p["name"] for p in json.loads(out)["locks"]] == ["orders:1", "orders:2"]
+    code, out, _ = await cli("ls", "nothing*")
+    assert code == 0 and "no held or contended locks match 'nothing*'" in out
+    code, out, _ = await cli("inspect", "orders:gone")
+    assert code == 0 and "only its fencing counter is kept" in out
+    await admin.set("aiolock:{weird}", "not ours")
+    code, out, _ = await cli("inspect", "weird")
+    assert code == 0 and "holds a string aiolock did not write" in out
+    code, out, _ = await cli("ls", "weird", "--all", "--json")
+    assert [p["kind"] for p in json.loads(out)["locks"]] == ["foreign"]
+    code, out, _ = await cli("inspect", "never-used")
+    assert code == 1 and "nothing is kept for 'never-used'" in out
+    code, out, _ = await cli("ls", "--prefix", "other")
+    assert code == 0 and "no held or contended locks" in out
+    for lease in leases:
+        await lease.release()
+
+
+# --------------------------------------------------------------------------- force-release
+
+
+@pytest.mark.usefixtures("one_backend")
+async def test_force_release_asks_then_evicts_the_holder(
+    cli: Cli, make_client: MakeClient, admin: aioredis.Redis, url: str
+) -> None:
+    holder = await make_client(lease=SHORT_LEASE)
+    waiter = await make_client(lease=SHORT_LEASE)
+    entered, owner = asyncio.Event(), []
+    held = asyncio.create_task(hold_until_lost(holder.lock("job"), entered, owner, holder))
+    await entered.wait()
+    queued = asyncio.create_task(waiter.lock("job").acquire())
+    await eventually(lambda: admin.zcard("aiolock:{job}:wq"), what="the waiter registered")
+    fence = int(await admin.hget("aiolock:{job}:fence", "t"))  # type: ignore[arg-type]
+
+    code, out, _ = await run_child("force-release", "job", "--url", url, stdin=b"n\n")
+    assert code == 1
+    assert f"force-release lock 'job' held by {owner[0]}? [y/N] " in out
+    assert "nothing done" in out
+    assert not held.done() and await holder.lock("job").is_locked()
+
+    code, out, err = await run_child("force-release", "job", "--url", url, stdin=b"y\n")
+    assert code == 0, err
+    assert f"force-released lock 'job' held by {owner[0]}" in out
+    assert "the holder's watchdog will report LockLostError" in out
+    # The waiter is woken (granted) at once; the holder learns it at its next renewal.
+    lease = await asyncio.wait_for(queued, SHORT_LEASE)
+    assert lease.fencing_token > fence  # the fencing counter was kept
+    await lease.release()
+    code, out, _ = await cli("force-release", "job", "--yes")
+    assert code == 1 and "no lock named 'job' is held" in out
+    assert isinstance(await asyncio.wait_for(held, 2 * SHORT_LEASE), LockLostError)
+
+
+async def test_force_release_fair_and_rw_locks(cli: Cli, make_client: MakeClient) -> None:
+    holder = await make_client(lease=SHORT_LEASE)
+    cases = {
+        "f": ("fair lock", holder.fair_lock("f")),
+        "rw": ("read-write lock", holder.rw_lock("rw").write),
+    }
+    held, owners = {}, {}
+    for name, (_, lock) in cases.items():
+        entered, owner = asyncio.Event(), owners.setdefault(name, [])
+        held[name] = asyncio.create_task(hold_until_lost(lock, entered, owner, holder))
+        await entered.wait()
+    for name, (words, _) in cases.items():
+        code, out, _ = await cli("force-release", name, "--yes")
+        assert code == 0, out
+        assert f"force-released {words} '{name}' held by {owners[name][0]}" in out
+    # Both holders learn it at their next renewal (every lease / 3).
+    for task in held.values():
+        assert isinstance(await asyncio.wait_for(task, 2 * SHORT_LEASE), LockLostError)
+    for name in cases:
+        code, out, _ = await cli("force-release", name, "--yes")
+        assert code == 1 and f"no lock named '{name}' is held" in out
+
+
+async def test_force_release_refuses_what_it_cannot_release(cli: Cli, client: Client) -> None:
+    permit = await client.semaphore("s", 1).acquire()
+    code, _, err = await cli("force-release", "s", "--yes")
+    assert code == 1 and "semaphore 's' is held by" in err and "no force-release" in err
+    assert await client.semaphore("s", 1).in_use() == 1
+    await permit.release()
+
+
+# --------------------------------------------------------------------------- errors
+
+
+async def test_connection_and_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    port = find_free_port()
+    code, out, err = await run_child("ls", "--url", f"redis://127.0.0.1:{port}")
+    assert code == 2 and out == ""
+    assert err.strip() == (
+        f"aiolock: cannot connect to redis://127.0.0.1:{port}: Connection refused. "
+        "Check --url or REDIS_URL"
+    )
+    with pytest.raises(SystemExit) as exited:  # argparse: NAME missing
+        main(["inspect"])
+    assert exited.value.code == 2 and "usage:" in capsys.readouterr().err
+
+
+async def test_cluster_flag_on_a_standalone_server_exits_2(cli: Cli) -> None:
+    code, out, err = await cli("ls", "--cluster")
+    assert code == 2 and out == ""
+    assert err.startswith("aiolock: ") and err.strip().endswith("Check --cluster")
+
+
+def test_tls_options_become_redis_py_ssl_arguments() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser.add_subparsers(dest="command"))
+    tls = ["--tls-ca-cert", "ca.pem", "--tls-cert", "c.pem", "--tls-key", "k.pem"]
+    args = parser.parse_args(["ls", "--url", "redis://h:1/0", *tls, "--tls-insecure"])
+    target = Target.of(args)
+    assert target.url == "rediss://h:1/0"
+    assert target.kwargs == {
+        "socket_connect_timeout": 5.0,
+        "socket_timeout": 5.0,
+        "ssl_ca_certs": "ca.pem",
+        "ssl_certfile": "c.pem",
+        "ssl_keyfile": "k.pem",
+        "ssl_cert_reqs": "none",
+        "ssl_check_hostname": False,
+    }
+    plain = Target.of(parser.parse_args(["ls", "--url", "redis://h:1"]))
+    assert plain.url == "redis://h:1" and not any(k.startswith("ssl") for k in plain.kwargs)
+    assert Target.of(parser.parse_args(["ls", "--url", "rediss://h:1"])).url == "rediss://h:1"
+
+
+# --------------------------------------------------------------------------- top
+
+
+async def test_top_plain_lines_when_not_a_terminal(cli: Cli, client: Client) -> None:
+    lease = await client.lock("top:plain").acquire()
+    owner = client.owner(asyncio.current_task())  # type: ignore[arg-type]
+    code, out, _ = await cli("top", "--iterations", "2", "--interval", "0.05")
+    assert code == 0
+    lines = out.splitlines()
+    assert sum("prefix aiolock: 1 held, 0 contended" in x for x in lines) == 2
+    rows = [x.split("\t") for x in lines if x.startswith("top:plain\t")]
+    assert len(rows) == 2 and rows[0][:3] == ["top:plain", "lock", owner]
+    await lease.release()
+
+
+def _run_in_pty(argv: list[str], columns: int = 200) -> tuple[int, str]:
+    """Run ``argv`` with a pseudo-terminal as stdin/stdout/stderr; (exit code, output)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env = {**child_env(), "TERM": "xterm-256color", "COLUMNS": str(columns)}
+    with subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env) as proc:
+        os.close(slave)
+        chunks = []
+        try:
+            while True:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            os.close(master)
+        code = proc.wait(timeout=60)
+    return code, b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.usefixtures("one_backend")
+async def test_top_under_a_terminal_shows_the_rich_view(client: Client, url: str) -> None:
+    pytest.importorskip("rich")
+    lease = await client.lock("top:tty").acquire()
+    owner = client.owner(asyncio.current_task())  # type: ignore[arg-type]
+    argv = aiolock_argv("top", "--url", url, "--iterations", "3", "--interval", "0.1")
+    code, out = await asyncio.to_thread(_run_in_pty, argv)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out)
+    assert code == 0, text
+    assert "aiolock top · " in text and "1 held, 0 contended" in text
+    assert "━" in text or "─" in text  # a rich table, not plain lines
+    assert "top:tty" in text and owner in text
+    assert str(lease.fencing_token) in text
+    await lease.release()
+
+
+@pytest.mark.usefixtures("one_backend")
+async def test_top_exits_0_on_ctrl_c(client: Client, url: str) -> None:
+    lease = await client.lock("top:int").acquire()
+    proc = await asyncio.create_subprocess_exec(
+        *aiolock_argv("top", "--url", url, "--interval", "0.1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_env(),
+        preexec_fn=_default_sigint,
+    )
+    assert proc.stdout is not None
+    first = await asyncio.wait_for(proc.stdout.readline(), 30)
+    assert b"1 held" in first
+    proc.send_signal(signal.SIGINT)
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err
+    assert b"Traceback" not in err
+    await lease.release()
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+async def test_ls_scans_every_master_of_a_cluster(
+    cluster: ClusterProcess, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with AsyncExitStack() as stack:
+        client = await stack.enter_async_context(Client.from_url(cluster.url, lease=SHORT_LEASE))
+        by_master: dict[int, str] = {}
+        i = 0
+        while len(by_master) < len(cluster.masters()):
+            name = f"c{i}"
+            by_master.setdefault(cluster.master_for_key(main_key("aiolock", name)).port, name)
+            i += 1
+        assert len(by_master) == 3
+        leases = {name: await client.lock(name).acquire() for name in by_master.values()}
+
+        async def run(*args: str) -> tuple[int, str]:
+            capsys.readouterr()
+            code = await asyncio.to_thread(main, [*args, "--url", cluster.url])
+            return code, capsys.readouterr().out
+
+        code, out = await run("ls", "c*", "--json")
+        assert code == 0
+        doc = json.loads(out)
+        assert doc["cluster"] is True and doc["masters"] == 3
+        tokens = {p["name"]: p["holders"][0]["token"] for p in doc["locks"]}
+        assert tokens == {name: lease.fencing_token for name, lease in leases.items()}
+        for name in leases:
+            code, out = await run("inspect", name)
+            assert code == 0 and f"fencing token {leases[name].fencing_token}" in out
+        name = next(iter(leases))
+        code, out = await run("force-release", name, "--yes")
+        assert code == 0 and f"force-released lock '{name}'" in out
+        assert not await client.lock(name).is_locked()
+        await eventually(
+            lambda: leases[name].lost, what="the holder's loss", timeout=2 * SHORT_LEASE
+        )
+        for other, lease in leases.items():
+            if other != name:
+                await lease.release()
