@@ -214,11 +214,6 @@ class Hold:
         for callback in self.callbacks:
             self.engine.run_callback(callback, lease)
 
-    def describe(self, loop_time: float) -> str:
-        left = self.expires_at - loop_time
-        state = f"lost ({self.lost_reason})" if self.lost else f"lease {left:.1f} s left"
-        return f"{self.name!r} held by {self.owner} x{self.count}, token {self.token}, {state}"
-
 
 class Lease:
     """Proof of one acquisition, returned by ``acquire``.

@@ -182,7 +182,8 @@ class ClientStatistics:
     timeouts: int = 0
     """Acquisitions that timed out (``try_acquire`` finding the lock busy included)."""
     cancellations: int = 0
-    """Acquisitions cancelled while waiting."""
+    """Acquisitions cancelled before they got the lock (an enclosing
+    ``asyncio.timeout()`` included: it cancels)."""
     failures: int = 0
     """Acquisitions that failed with an error (Redis unreachable, refused, ...)."""
     losses: int = 0
@@ -197,7 +198,7 @@ class LockStatistics:
 
     Only this Client's own tasks are seen: a lock that another Client (or
     process) holds reads here as ``locked=False``. For the server's view use
-    ``await lock.is_locked()`` / ``remaining_ttl()``, or ``aiolock inspect``.
+    ``await lock.is_locked()`` / ``remaining_ttl()``.
     Cheap, and safe to take from any thread (``repr(lock)`` shows the same).
 
     Several local holders (the readers of ``rw.read``, the acquisitions of a

@@ -452,7 +452,7 @@ class LockLike(Generic[L]):
 
         Local only, no round trip and no I/O (anyio's ``Lock.statistics()``):
         a lock held by another Client reads as not held (``locked=False``);
-        ask the server with ``await lock.is_locked()`` or ``aiolock inspect``.
+        ask the server with ``await lock.is_locked()``.
         Cheap enough to call often, and safe from any thread.
         """
         holds, waiting = self._local_view()
