@@ -191,8 +191,20 @@ async def test_multi_lock_aggregates_its_parts(client: Client) -> None:
 async def test_repr_of_every_kind_from_other_threads(client: Client, url: str) -> None:
     unused = Client.from_url(url)
     try:
-        assert "not used yet" in off_thread(lambda: repr(unused.lock("x")))
-        assert "not used yet" in off_thread(lambda: repr(unused.rw_lock("x")))
+        never = (
+            unused.lock("x"),
+            unused.spin_lock("x"),
+            unused.fair_lock("x"),
+            unused.rw_lock("x"),
+            unused.rw_lock("x").read,
+            unused.semaphore("x", 1),
+            unused.multi_lock(unused.lock("y")),
+            Redlock([unused]).lock("x"),
+            unused.latch("x", 1),
+        )
+        texts = off_thread(lambda: "\n".join(repr(o) for o in never)).split("\n")
+        assert all("not used yet" in text for text in texts), texts
+        assert not never[0].statistics().locked
     finally:
         await unused.aclose()
 
@@ -219,7 +231,14 @@ async def test_repr_of_every_kind_from_other_threads(client: Client, url: str) -
     for kind, obj in objects.items():
         if kind == "latch":
             continue
-        leases.append(await obj.acquire())
+        lease = await obj.acquire()
+        leases.append(lease)
+        stats = obj.statistics()
+        assert stats.locked and stats.task is asyncio.current_task(), kind
+        assert stats.owner is not None and stats.owner.startswith(client.id + ":"), kind
+        assert stats.hold_count == 1 and stats.holders == (stats.owner,), kind
+        assert stats.fencing_token == lease.fencing_token, kind
+        assert stats.lease_left is not None and 0 < stats.lease_left <= 30, kind
     held = await reprs(*objects.values(), rw, redlock, client, *leases)
     by_kind = dict(zip(objects, held, strict=False))
     for kind, text in by_kind.items():
