@@ -48,6 +48,7 @@ from ._core.errors import WrongEventLoopError as WrongEventLoopError
 from ._core.errors import WrongTypeError as WrongTypeError
 from ._core.lease import Lease as Lease
 from ._core.notify import Backoff as Backoff
+from ._core.options import LockStatistics as LockStatistics
 from ._primitives.fair import FairLock as FairLock
 from ._primitives.latch import Latch as Latch
 from ._primitives.lock import AsyncLock as AsyncLock
@@ -78,6 +79,7 @@ __all__ = [
     "Lease",
     "LockLostError",
     "LockNotOwnedError",
+    "LockStatistics",
     "LockTimeoutError",
     "LockUpgradeError",
     "MultiLease",

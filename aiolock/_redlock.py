@@ -117,7 +117,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoScriptError
@@ -286,6 +286,7 @@ class Redlock:
         "_masters",
         "_renewer",
         "_roster",
+        "_waiting",
         "_watched",
         "drift",
         "lease",
@@ -329,6 +330,8 @@ class Redlock:
         self.majority = len(clients) // 2 + 1
         self.lease = min(e.lease for e in engines)
         self._holds: dict[str, Hold] = {}
+        # Tasks parked waiting, per name (for RedlockLock.statistics()).
+        self._waiting: dict[str, int] = {}
         self._watched: dict[Hold, None] = {}
         self._renewer: asyncio.Task[None] | None = None
         # The founding generations last seen (passed with every attempt), and
@@ -1063,6 +1066,13 @@ class RedlockLock(Acquirable[Lease]):
             if current is not None:
                 rl._undo(name, current)
 
+        def parked(value: bool) -> None:
+            waiting = rl._waiting.get(name, 0) + (1 if value else -1)
+            if waiting > 0:
+                rl._waiting[name] = waiting
+            else:
+                rl._waiting.pop(name, None)
+
         try:
             (token, valid_until), _ = await compete(
                 rl,
@@ -1071,6 +1081,7 @@ class RedlockLock(Acquirable[Lease]):
                 attempt=attempt,
                 waiter=waiter,
                 abandon=abandon,
+                parked=parked,
             )
         except BaseException:
             # An attempt cancelled or timed out anywhere (even after it
@@ -1177,8 +1188,11 @@ class RedlockLock(Acquirable[Lease]):
             hold.mark_lost("force-released")
         return any(r == 1 for r in replies)
 
-    def __repr__(self) -> str:
-        hold = self._redlock._holds.get(self.name)
-        if hold is None:
-            return f"<RedlockLock {self.name!r} not held here>"
-        return f"<RedlockLock {hold.describe(asyncio.get_event_loop().time())}>"
+    def _loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._redlock.loop
+
+    def _local_view(self) -> tuple[Iterable[Hold], int]:
+        """This process's hold of the name through this Redlock, and its parked tasks."""
+        rl = self._redlock
+        hold = rl._holds.get(self.name)
+        return ((hold,) if hold is not None else ()), rl._waiting.get(self.name, 0)

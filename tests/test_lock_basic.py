@@ -321,6 +321,8 @@ async def test_repr_and_statistics(client: Client) -> None:
     async with lock:
         text = repr(lock)
         assert "'r'" in text and "token" in text
+        # From a thread with no event loop too (on uvloop as on asyncio).
+        assert (await asyncio.to_thread(repr, lock)).startswith("<AsyncLock 'r' held by task")
         assert client.statistics().holds == 1
         assert "holds=1" in repr(client)
     assert "not held" in repr(lock)

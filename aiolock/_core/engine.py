@@ -219,8 +219,6 @@ class Engine:
             command_timeout=self.command_timeout,
             sentinel=self.sentinel is not None,
         )
-        # Tasks parked in Redis-side waits of primitives without a LocalQueue.
-        self.parked = 0
         self._attempts = 0
         # The command connection's connect count when a waiting task last
         # warned that Redis is unreachable (one warning per outage).
@@ -367,8 +365,10 @@ class Engine:
     # -- introspection -------------------------------------------------------------------
 
     def statistics(self) -> ClientStatistics:
-        holds = sum(len(state.holds()) for state in self.states.values())
-        waiting = self.parked + sum(state.waiting() for state in self.states.values())
+        # A copy first, in one step: a repr may ask from another thread.
+        states = tuple(self.states.values())
+        holds = sum(len(state.holds()) for state in states)
+        waiting = sum(state.waiting() for state in states)
         observer = self.observer
         return ClientStatistics(
             holds=holds,

@@ -20,6 +20,7 @@ from .connection import Lane, Orphan
 from .errors import LockNotOwnedError
 from .futures import Outcome
 from .lease import Hold, HoldEngine, Lease, LostCallback, call_lost_callback
+from .owner import task_serial
 from .replication import Acknowledgement
 from .scripts import refused
 from .spread import renew_spread
@@ -136,6 +137,9 @@ class Holds:
         hold.on_detach = on_detach
         hold.on_release = on_release
         hold.confirmed = confirmed
+        if task is not None:
+            # The task's own id (a lock passed on locally keeps the Redis owner).
+            hold.holder = f"{owner.partition(':')[0]}:{task_serial(task)}"
         self.engine.observer.hold_began(hold)
         self.track(hold)
         return hold

@@ -248,12 +248,19 @@ class LatchKeys(Keys):
     """Latch: one hash (``main``) and its wake-ups. ``down``: KEYS of latch_down."""
 
     down: tuple[str, str]
+    local: str
 
     @classmethod
     def of(cls, prefix: str, name: str) -> LatchKeys:
         main = main_key(prefix, name)
         signal = f"{main}:signal"
-        return cls(main=main, channel=f"{main}:ch".encode(), signal=signal, down=(main, signal))
+        return cls(
+            main=main,
+            channel=f"{main}:ch".encode(),
+            signal=signal,
+            down=(main, signal),
+            local=f"{main}:latch",
+        )
 
 
 @dataclass(frozen=True, slots=True)

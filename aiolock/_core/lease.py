@@ -77,6 +77,7 @@ class Hold:
         "contexts",
         "engine",
         "expires_at",
+        "holder",
         "kind",
         "lease",
         "leases",
@@ -121,6 +122,10 @@ class Hold:
         #: When the hold began (``perf_counter``), for its hold time; None once it ended.
         self.began: float | None = None
         self.owner = owner
+        #: The holding task's owner id, ``<client id>:<task serial>`` (statistics()
+        #: show it). ``owner`` is the hold's entry in Redis: the same, but for a
+        #: lock passed on locally, which keeps the entry of the task it came from.
+        self.holder = owner
         self.token = token
         self.task = task
         self.lease = lease
@@ -208,11 +213,6 @@ class Hold:
         lease = self.leases[-1] if self.leases else Lease(self)
         for callback in self.callbacks:
             self.engine.run_callback(callback, lease)
-
-    def describe(self, loop_time: float) -> str:
-        left = self.expires_at - loop_time
-        state = f"lost ({self.lost_reason})" if self.lost else f"lease {left:.1f} s left"
-        return f"{self.name!r} held by {self.owner} x{self.count}, token {self.token}, {state}"
 
 
 class Lease:

@@ -1,14 +1,17 @@
-"""The Client's options, checked in one place, and its statistics snapshot.
+"""The Client's options, checked in one place, and the statistics snapshots.
 
 ``Client`` checks what users pass with ``check_options`` (the one place the
 options are validated) and gives the result to the Engine it makes;
-``ClientStatistics`` is what ``Client.statistics()`` returns.
+``ClientStatistics`` is what ``Client.statistics()`` returns, and
+``LockStatistics`` what every primitive's ``statistics()`` returns (built in
+one place: ``lock_statistics`` in ``_primitives/base.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -18,7 +21,14 @@ from .notify import Backoff
 from .observe import LockLabel
 from .validate import check_lease, check_prefix, check_seconds
 
-__all__ = ["ClientStatistics", "Notify", "Options", "check_options", "check_sentinels"]
+__all__ = [
+    "ClientStatistics",
+    "LockStatistics",
+    "Notify",
+    "Options",
+    "check_options",
+    "check_sentinels",
+]
 
 Notify = Literal["pubsub", "list", "poll"]
 _NOTIFY_MODES = ("pubsub", "list", "poll")
@@ -172,10 +182,58 @@ class ClientStatistics:
     timeouts: int = 0
     """Acquisitions that timed out (``try_acquire`` finding the lock busy included)."""
     cancellations: int = 0
-    """Acquisitions cancelled while waiting."""
+    """Acquisitions cancelled before they got the lock (an enclosing
+    ``asyncio.timeout()`` included: it cancels)."""
     failures: int = 0
     """Acquisitions that failed with an error (Redis unreachable, refused, ...)."""
     losses: int = 0
     """Leases lost while held (expired, force-released, not renewed in time, ...)."""
     wait_time: float = 0.0
     """Seconds spent in acquisitions, whatever their outcome, summed."""
+
+
+@dataclass(frozen=True, slots=True)
+class LockStatistics:
+    """What one Client knows of one lock, locally: no round trip, no I/O.
+
+    Only this Client's own tasks are seen: a lock that another Client (or
+    process) holds reads here as ``locked=False``. For the server's view use
+    ``await lock.is_locked()`` / ``remaining_ttl()``.
+    Cheap, and safe to take from any thread (``repr(lock)`` shows the same).
+
+    Several local holders (the readers of ``rw.read``, the acquisitions of a
+    semaphore) are all listed in ``holders``; ``task`` and ``owner`` name the
+    first of them.
+    """
+
+    kind: str
+    """The primitive's kind: "lock", "spin_lock", "fair_lock", "read_lock",
+    "write_lock", "semaphore", "multi_lock", "redlock" or "latch"."""
+    name: str
+    """The lock's name (a multi-lock's: its locks' names joined by "+")."""
+    locked: bool
+    """Whether a task of this Client holds it (a latch: never)."""
+    task: asyncio.Task[Any] | None
+    """The asyncio Task that holds it here (the first holder), or None."""
+    owner: str | None
+    """That holder's owner id, ``<client id>:<task serial>``, or None."""
+    holders: tuple[str, ...]
+    """The owner id of every local hold, oldest first (several for a read lock
+    or a semaphore; a task holding two permits is listed twice)."""
+    hold_count: int
+    """Acquisitions not yet released, re-entries included, summed over the
+    local holds (a semaphore: the permits held here)."""
+    fencing_token: int | None
+    """The fencing token of the hold (the highest, with several holders)."""
+    lease_left: float | None
+    """Seconds until the local hold expires unless renewed (the first to
+    expire, with several); None if not held here."""
+    waiting: int
+    """Tasks of this Client waiting for it (queued locally or parked)."""
+    parts: tuple[LockStatistics, ...] = ()
+    """A multi-lock: the statistics of each of its locks (empty otherwise)."""
+
+    @property
+    def task_name(self) -> str | None:
+        """The holder task's name (``task.get_name()``), or None."""
+        return self.task.get_name() if self.task is not None else None

@@ -22,7 +22,7 @@ import functools
 import inspect
 import logging
 import math
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from types import TracebackType
 from typing import (
     TYPE_CHECKING,
@@ -55,6 +55,7 @@ from .._core.keys import Keys
 from .._core.lease import Hold, Lease
 from .._core.notify import Waiter
 from .._core.observe import Observer, note_waiting, observed
+from .._core.options import LockStatistics
 from .._core.validate import check_lease, check_name, check_timeout
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ __all__ = [
     "SingleHolder",
     "compete",
     "current_task",
+    "describe",
+    "lock_statistics",
     "ttl_hint",
 ]
 
@@ -282,6 +285,90 @@ async def compete(
                 parked(False)
 
 
+# -- statistics and reprs: local state only, from any thread ----------------------------------
+#
+# ``statistics()`` and ``repr()`` of every primitive are built here, from the
+# local holds of the lock and its local waiting count: plain attributes read
+# without a lock (a snapshot taken by copying a container in one C call, so a
+# thread other than the loop's never sees "changed size during iteration"),
+# and the time from the Client's loop (``loop.time()``: asyncio's clock is
+# time.monotonic, valid from any thread; no running loop is looked up).
+
+
+def lease_count(hold: Hold) -> int:
+    """A hold's acquisitions not yet released (its re-entries)."""
+    return len(hold.leases)
+
+
+def lock_statistics(
+    kind: str,
+    name: str,
+    loop: asyncio.AbstractEventLoop | None,
+    holds: Iterable[Hold],
+    waiting: int,
+    *,
+    count: Callable[[Hold], int] = lease_count,
+    parts: tuple[LockStatistics, ...] = (),
+) -> LockStatistics:
+    """The one place a ``LockStatistics`` is built: from this Client's holds of
+    one lock (oldest first; lost ones are skipped) and how many of its tasks wait.
+
+    No I/O, and safe from any thread (see above): ``holds`` is copied first.
+    """
+    held = [hold for hold in tuple(holds) if hold.lost_reason is None]
+    if not held:
+        return LockStatistics(kind, name, False, None, None, (), 0, None, None, waiting, parts)
+    owners = tuple(hold.holder for hold in held)
+    left = None
+    if loop is not None:
+        now = loop.time()
+        left = max(min(hold.expires_at for hold in held) - now, 0.0)
+    return LockStatistics(
+        kind,
+        name,
+        True,
+        held[0].task,
+        owners[0],
+        owners,
+        sum(count(hold) for hold in held),
+        max(hold.token for hold in held),
+        left,
+        waiting,
+        parts,
+    )
+
+
+def describe_holders(stats: LockStatistics, unit: str = "") -> str:
+    """Who holds it here: "held by task 7 (x2), token 1042, lease 21.4 s left",
+    or "not held here".
+
+    ``unit``: what ``hold_count`` counts, if not re-entries ("permit")."""
+    if not stats.locked:
+        return "not held here"
+    tasks = [owner.rpartition(":")[2] for owner in stats.holders]
+    n = stats.hold_count
+    if len(tasks) == 1:
+        who = f"task {tasks[0]}"
+    else:
+        shown = ", ".join(tasks[:3]) + (f" and {len(tasks) - 3} more" if len(tasks) > 3 else "")
+        who = f"{len(tasks)} tasks ({shown})"
+    if unit:
+        counted = f" ({n} {unit}{'s' if n != 1 else ''})"
+    else:
+        counted = f" (x{n})" if n > len(tasks) else ""
+    token = "token" if len(tasks) == 1 else "highest token"
+    left = "" if stats.lease_left is None else f", lease {stats.lease_left:.1f} s left"
+    return f"held by {who}{counted}, {token} {stats.fencing_token}{left}"
+
+
+def describe(stats: LockStatistics, loop: asyncio.AbstractEventLoop | None, unit: str = "") -> str:
+    """A lock's state at a glance, for its repr:
+    "'orders:42' held by task 7 (x2), token 1042, lease 21.4 s left, 3 waiting"."""
+    if loop is None:
+        return f"{stats.name!r} not used yet"
+    return f"{stats.name!r} {describe_holders(stats, unit)}, {stats.waiting} waiting"
+
+
 class Primitive:
     """A name, its keys, and how its waiters are notified. Cheap: no I/O."""
 
@@ -304,6 +391,9 @@ class Primitive:
 
     def _observer(self) -> Observer:
         return self._engine.observer
+
+    def _loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._engine.loop
 
 
 class _Entry:
@@ -347,6 +437,31 @@ class LockLike(Generic[L]):
 
     def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
         raise NotImplementedError
+
+    def _loop(self) -> asyncio.AbstractEventLoop | None:
+        """The Client's event loop (None until the Client was first used)."""
+        raise NotImplementedError
+
+    def _local_view(self) -> tuple[Iterable[Hold], int]:
+        """This Client's holds of the lock (oldest first) and its waiting tasks."""
+        raise NotImplementedError
+
+    def statistics(self) -> LockStatistics:
+        """This Client's view of the lock: its holder here, the hold count,
+        fencing token and lease left, and how many of its tasks wait for it.
+
+        Local only, no round trip and no I/O (anyio's ``Lock.statistics()``):
+        a lock held by another Client reads as not held (``locked=False``);
+        ask the server with ``await lock.is_locked()``.
+        Cheap enough to call often, and safe from any thread.
+        """
+        holds, waiting = self._local_view()
+        return lock_statistics(self.kind, self.name, self._loop(), holds, waiting)
+
+    def __repr__(self) -> str:
+        # Plain attributes and the loop's clock only: valid from any thread.
+        loop = self._loop()
+        return f"<{type(self).__name__} {describe(self.statistics(), loop)}>"
 
     @overload
     def __call__(

@@ -34,6 +34,7 @@ ms>:<grace ms>:<mode>`` (see ``scripts/_fair_queue.lua`` for the layout).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .._core.errors import ClientClosedError
@@ -224,7 +225,8 @@ class _FairState:
 
     def waiting(self) -> int:
         """Calls queued in Redis (a call whose first try is still on the wire is not yet)."""
-        return sum(1 for ticket in self.tickets.values() if ticket.queued)
+        # (A copy first, in one step: statistics() may ask from another thread.)
+        return sum(1 for ticket in tuple(self.tickets.values()) if ticket.queued)
 
     def close(self) -> None:
         """The Client is closing: fail the waiting calls and take their entries out now."""
@@ -509,11 +511,8 @@ class FairLock(SingleHolder):
                 hold.mark_lost("force-released")
         return deleted == 1
 
-    def __repr__(self) -> str:
+    def _local_view(self) -> tuple[Iterable[Hold], int]:
         state: _FairState | None = self._engine.peek_state(self._names.local)
         if state is None:
-            return f"<FairLock {self.name!r} not held here>"
-        loop = self._engine.loop
-        loop_time = loop.time() if loop is not None else 0.0
-        held = "; ".join(h.describe(loop_time) for h in state.held) or "not held here"
-        return f"<FairLock {held}, {state.waiting()} waiting here>"
+            return (), 0
+        return state.held, state.waiting()

@@ -10,8 +10,10 @@ from redis.exceptions import NoScriptError
 from .._core.errors import InvalidArgumentError, InvalidArgumentTypeError
 from .._core.futures import retrieve
 from .._core.keys import LatchKeys
+from .._core.lease import Hold
+from .._core.options import LockStatistics
 from .._core.validate import check_timeout
-from .base import Primitive, compete
+from .base import Primitive, compete, lock_statistics
 
 if TYPE_CHECKING:
     from .._core.engine import Engine
@@ -154,18 +156,61 @@ class Latch(Primitive):
                 return True, None  # it opened, and was set counting again since
             return None, bound
 
-        def parked(value: bool) -> None:
-            engine.parked += 1 if value else -1
-
-        await compete(
-            engine,
-            what=f"latch {self.name!r} to open",
-            deadline=deadline,
-            attempt=attempt,
-            waiter=self._waiter,
-            parked=parked,
-        )
+        local = self._names.local
+        state = engine.state(local, _LatchState, engine)
+        state.active += 1
+        try:
+            await compete(
+                engine,
+                what=f"latch {self.name!r} to open",
+                deadline=deadline,
+                attempt=attempt,
+                waiter=self._waiter,
+                parked=state.set_parked,
+            )
+        finally:
+            state.active -= 1
+            if not state.active:
+                engine.drop_state(local, state)
         return True
 
+    def statistics(self) -> LockStatistics:
+        """This Client's view of the latch: how many of its tasks wait for it to
+        open (``waiting``; parked, not counting a first check on the wire).
+
+        A latch has no holder: ``locked`` is False and the hold fields are
+        empty. Its count lives in Redis only: ``await latch.count()``. Local,
+        no round trip, safe from any thread.
+        """
+        state: _LatchState | None = self._engine.peek_state(self._names.local)
+        waiting = state.parked if state is not None else 0
+        return lock_statistics(self.kind, self.name, self._engine.loop, (), waiting)
+
     def __repr__(self) -> str:
-        return f"<Latch {self.name!r} initial count {self._count}>"
+        # Plain attributes only: valid from any thread.
+        head = f"<Latch {self.name!r} initial count {self._count}"
+        if self._engine.loop is None:
+            return f"{head}, not used yet>"
+        return f"{head}, {self.statistics().waiting} waiting here>"
+
+
+class _LatchState:
+    """One latch name in one Client: its tasks in ``wait()`` (``Engine.state``)."""
+
+    __slots__ = ("active", "parked")
+
+    def __init__(self, engine: Engine) -> None:
+        self.active = 0  # tasks in wait()
+        self.parked = 0  # of which registered as waiters
+
+    def holds(self) -> list[Hold]:
+        return []
+
+    def waiting(self) -> int:
+        return self.parked
+
+    def set_parked(self, value: bool) -> None:
+        self.parked += 1 if value else -1
+
+    def close(self) -> None:
+        return None  # parked tasks are failed by their channel or by compete()

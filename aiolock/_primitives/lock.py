@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .._core.errors import LockTimeoutError
@@ -699,16 +700,12 @@ class AsyncLock(SingleHolder):
             state.hold.mark_lost("force-released")
         return deleted == 1
 
-    def __repr__(self) -> str:
-        kind = type(self).__name__
+    def _local_view(self) -> tuple[Iterable[Hold], int]:
         state: LocalQueue | None = self._engine.peek_state(self._key)
         if state is None:
-            return f"<{kind} {self.name!r} not held here>"
+            return (), 0
         hold = state.hold
-        held = (
-            hold.describe(asyncio.get_event_loop().time()) if hold is not None else "not held here"
-        )
-        return f"<{kind} {held}, {state.waiting()} waiting>"
+        return ((hold,) if hold is not None else ()), state.waiting()
 
 
 def new_queue(lock: AsyncLock) -> LocalQueue:

@@ -33,6 +33,7 @@ once: waiting would deadlock, as Redisson does in its issue #4796).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .._core.errors import LockNotOwnedError, LockTimeoutError, LockUpgradeError
@@ -42,7 +43,7 @@ from .._core.notify import Waiter
 from .._core.observe import Observer
 from .._core.parking import Parked, ParkingLot
 from .._core.validate import to_ms
-from .base import Acquirable, Primitive, _Entry, compete, current_task
+from .base import Acquirable, Primitive, _Entry, compete, current_task, describe_holders
 
 if TYPE_CHECKING:
     from .._core.engine import Call, Engine
@@ -530,17 +531,15 @@ class ReadWriteLock(Primitive):
         return await self._force("all")
 
     def __repr__(self) -> str:
-        state = self._local()
-        if state is None:
-            return f"<ReadWriteLock {self.name!r} not held here>"
-        now = asyncio.get_event_loop().time()
-        parts = []
-        if state.hold is not None:
-            parts.append("write " + state.hold.describe(now))
-        if state.reads:
-            parts.append(f"{len(state.reads)} read holds here")
-        held = "; ".join(parts) or "not held here"
-        return f"<ReadWriteLock {self.name!r}: {held}, {state.waiting()} waiting>"
+        # Plain attributes and the loop's clock only: valid from any thread.
+        loop = self._engine.loop
+        if loop is None:
+            return f"<ReadWriteLock {self.name!r} not used yet>"
+        write, read = self.write.statistics(), self.read.statistics()
+        return (
+            f"<ReadWriteLock {self.name!r} write: {describe_holders(write)}, "
+            f"{write.waiting} waiting; read: {describe_holders(read)}, {read.waiting} waiting>"
+        )
 
 
 class _Side(Acquirable[Lease]):
@@ -615,17 +614,8 @@ class _Side(Acquirable[Lease]):
         """
         return await self._core._force(self._what)
 
-    def __repr__(self) -> str:
-        state = self._core._local()
-        hold = self._my_hold_any(state)
-        held = (
-            hold.describe(asyncio.get_event_loop().time()) if hold is not None else "not held here"
-        )
-        waiting = state.waiting() if state is not None else 0
-        return f"<{type(self).__name__} {held}, {waiting} waiting>"
-
-    def _my_hold_any(self, state: _RWState | None) -> Hold | None:
-        raise NotImplementedError
+    def _loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._core._engine.loop
 
 
 class ReadLock(_Side):
@@ -653,10 +643,12 @@ class ReadLock(_Side):
             return None
         return state.reads.get(task)
 
-    def _my_hold_any(self, state: _RWState | None) -> Hold | None:
-        if state is None or not state.reads:
-            return None
-        return next(iter(state.reads.values()))
+    def _local_view(self) -> tuple[Iterable[Hold], int]:
+        """Every local reader's hold (one per task), and the readers parked."""
+        state = self._core._local()
+        if state is None:
+            return (), 0
+        return tuple(state.reads.values()), state.parked_reads
 
     async def is_locked(self) -> bool:
         """True if anyone (any client) holds the read lock right now (one round trip)."""
@@ -697,8 +689,14 @@ class WriteLock(_Side):
             return None
         return state.hold if state.hold.task is asyncio.current_task() else None
 
-    def _my_hold_any(self, state: _RWState | None) -> Hold | None:
-        return state.hold if state is not None else None
+    def _local_view(self) -> tuple[Iterable[Hold], int]:
+        """The local write hold, and the writers queued locally or competing."""
+        state = self._core._local()
+        if state is None:
+            return (), 0
+        hold = state.hold
+        held = (hold,) if hold is not None else ()
+        return held, len(state.writers) + (1 if state.competing else 0)
 
     async def is_locked(self) -> bool:
         """True if anyone (any client) holds the write lock right now (one round trip)."""

@@ -12,7 +12,7 @@ The layout and the claim rule are described in ``scripts/_sem.lua``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
@@ -20,6 +20,7 @@ from .._core.errors import InvalidArgumentError, InvalidArgumentTypeError, LockN
 from .._core.keys import SemaphoreKeys
 from .._core.lease import Hold, Lease
 from .._core.observe import observed
+from .._core.options import LockStatistics
 from .._core.validate import check_lease, check_timeout, to_ms
 from .base import (
     LockContext,
@@ -30,6 +31,8 @@ from .base import (
     check_on_lost,
     compete,
     current_task,
+    describe_holders,
+    lock_statistics,
 )
 
 if TYPE_CHECKING:
@@ -497,15 +500,37 @@ class Semaphore(Primitive, LockLike[Permit]):
         )
         self._permits = n
 
-    def __repr__(self) -> str:
+    def _local_view(self) -> tuple[Iterable[Hold], int]:
         state: _SemState | None = self._engine.peek_state(self._names.local)
         if state is None:
-            return f"<Semaphore {self.name!r} N={self._permits}, nothing held here>"
-        held = sum(p.permits for h in state.held for p in h.leases if isinstance(p, Permit))
-        return (
-            f"<Semaphore {self.name!r} N={self._permits}, {held} permit(s) in "
-            f"{len(state.held)} hold(s) here, {state.parked} waiting>"
+            return (), 0
+        return tuple(state.held), state.parked
+
+    def statistics(self) -> LockStatistics:
+        """This Client's view of the semaphore: its local holders (one per
+        acquisition), the permits they hold (``hold_count``), the highest
+        fencing token, the first lease to expire, and its waiting tasks.
+
+        Local only, no round trip: permits held by other Clients are not
+        seen; ``await sem.available()`` asks the server.
+        """
+        holds, waiting = self._local_view()
+        return lock_statistics(
+            self.kind, self.name, self._engine.loop, holds, waiting, count=_permits_of
         )
+
+    def __repr__(self) -> str:
+        # Plain attributes and the loop's clock only: valid from any thread.
+        head = f"<Semaphore {self.name!r} N={self._permits}"
+        if self._engine.loop is None:
+            return f"{head} not used yet>"
+        stats = self.statistics()
+        return f"{head}: {describe_holders(stats, 'permit')}, {stats.waiting} waiting>"
+
+
+def _permits_of(hold: Hold) -> int:
+    """The permits a semaphore hold has (its one Permit's, until released)."""
+    return sum(p.permits for p in tuple(hold.leases) if isinstance(p, Permit))
 
 
 def _new_state(semaphore: Semaphore) -> _SemState:
