@@ -279,3 +279,24 @@ async def test_trace_formats_nothing_when_debug_is_off(
             await (await asyncio.wait_for(second, 20)).release()
     assert Spy.formatted == 0
     assert not logging.getLogger("aiolock.lock").isEnabledFor(logging.DEBUG)
+
+
+# --------------------------------------------------------------------------- docs
+
+
+def test_every_logger_is_under_aiolock_and_in_the_readme() -> None:
+    """Each module logs on a named child of ``aiolock``, and the README's
+    "Operating aiolock" section lists every one."""
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(r"^## Operating aiolock\n(.*?)(?=^## )", readme, re.M | re.S)
+    assert match, "README has no '## Operating aiolock' section"
+    names = set()
+    for path in (ROOT / "aiolock").rglob("*.py"):
+        if "cli" in path.relative_to(ROOT / "aiolock").parts:
+            continue
+        for name in re.findall(r"getLogger\(\"([^\"]*)\"\)", path.read_text()):
+            names.add(name)
+    assert names - {"aiolock"}, "no logger found"
+    for name in names - {"aiolock"}:
+        assert name.startswith("aiolock."), name
+        assert f"`{name}`" in match.group(1), f"{name} is not in the README's table"
