@@ -84,7 +84,6 @@ class Dialer:
         "_delay",
         "_factory",
         "_log",
-        "_lost_first",
         "_on_reset",
         "address",
         "connects",
@@ -112,7 +111,6 @@ class Dialer:
         self._log = log
         self.outage = Outage() if outage is None else outage
         self._back_note = back_note
-        self._lost_first = False
         #: The server the last connection (or attempt) was to, for messages.
         self.address = "?"
 
@@ -171,33 +169,31 @@ class Dialer:
                 self.role,
                 self.address,
                 run.seconds,
-                run.failures - self._lost_first,
+                run.noted,  # (the connects that failed: see _failed_connect)
                 self._back_note() if self._back_note is not None else "",
             )
         return link
 
     def _failed_connect(self, exc: BaseException) -> None:
-        if self.outage.failed():
-            self._lost_first = False
-            if self._log is not None:
-                self._log.warning(
-                    "%s connection to %s failed (%s); retrying until it answers",
-                    self.role,
-                    self.address,
-                    exc,
-                )
+        first = self.outage.failed()
+        self.outage.note()  # counts the failed connects (a shared outage: of every dialer)
+        if first and self._log is not None:
+            self._log.warning(
+                "%s connection to %s failed (%s); retrying until it answers",
+                self.role,
+                self.address,
+                exc,
+            )
 
     def lost(self, reason: object = None) -> None:
         """An established connection was lost (not closed by its owner)."""
-        if self.outage.failed():
-            self._lost_first = True
-            if self._log is not None:
-                self._log.warning(
-                    "%s connection to %s lost (%s); reconnecting",
-                    self.role,
-                    self.address,
-                    reason or "closed",
-                )
+        if self.outage.failed() and self._log is not None:
+            self._log.warning(
+                "%s connection to %s lost (%s); reconnecting",
+                self.role,
+                self.address,
+                reason or "closed",
+            )
         if self._on_reset is not None:
             self._on_reset()
 
