@@ -990,6 +990,15 @@ class Redlock:
                         run.noted,
                     )
             next_round = sent + period
+        run = self._outage.ended()
+        if run is not None:
+            log.info(
+                "Redlock renewals fell short of a majority %d times over %.1f s, until "
+                "nothing was left to renew; %d leases lost",
+                run.failures,
+                run.seconds,
+                run.noted,
+            )
 
     def _expire(self, now: float) -> None:
         for hold in list(self._watched):

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from aiolock import Client, ConnectionFailedError
+from aiolock._core.outage import Outage
 from tests.core_util import eventually, pubsub_subscribers
 from tests.servers import RedisServer, ServerProcess
 
@@ -38,6 +39,23 @@ def records(caplog: pytest.LogCaptureFixture, logger: str, level: int, text: str
 
 def address(server: RedisServer) -> str:
     return f"{server.host}:{server.port}"
+
+
+# --------------------------------------------------------------------------- the helper
+
+
+def test_outage_reports_a_run_once_each_way() -> None:
+    outage = Outage()
+    assert outage.ended() is None  # no run: nothing to report
+    outage.note()  # ignored outside a run
+    assert outage.failed() is True  # the first failure starts the run: log it
+    assert [outage.failed() for _ in range(4)] == [False] * 4  # counted, not logged
+    outage.note(2)
+    assert outage.ongoing
+    run = outage.ended()
+    assert run is not None and run.failures == 5 and run.noted == 2 and run.seconds >= 0
+    assert not outage.ongoing and outage.ended() is None
+    assert outage.failed() is True  # the next outage is logged again
 
 
 # --------------------------------------------------------------------------- (a) silent

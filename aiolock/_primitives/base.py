@@ -246,8 +246,9 @@ async def compete(
                     abandon()  # the failed try may have run, its reply lost
                     raise
                 continue
-            if failures:
-                run = engine.unreachable.ended()
+            outage = engine.unreachable
+            if outage.started is not None:  # (ended by any reply, this task's or not)
+                run = outage.ended()
                 if run is not None:
                     log.info(
                         "%s: Redis answers again after %.1f s; tries of waiting tasks "
