@@ -552,7 +552,8 @@ class Listener:
             self._health_handle = None
 
     def _back_note(self) -> str:
-        return f"; resubscribing {len(self._channels)} channels" if self._channels else ""
+        n = len(self._channels)
+        return f"; resubscribing {n} channel{'' if n == 1 else 's'}" if n else ""
 
     def _health_check(self) -> None:
         """Ping every health_interval; a ping unanswered for a whole interval kills the link."""
