@@ -22,11 +22,18 @@ map, with the life of one ``acquire``, is ARCHITECTURE.md):
   ``futures``, ``owner``).
 * ``_redlock``: ``Redlock``, one lock over several Clients (independent
   masters), above ``_client`` since it composes Clients.
+* Logging: every module logs on a child of the ``aiolock`` logger
+  (``aiolock.lease``, ``aiolock.lock``, ``aiolock.listener``,
+  ``aiolock.watchdog``, ``aiolock.connection``, ``aiolock.cluster``,
+  ``aiolock.sentinel``, ``aiolock.redlock``); the README's "Operating
+  aiolock" lists every line an operator may see.
 * ``cli``: the ``aiolock`` command, the demo and the embedded server; the
   library never imports it.
 
 Only the names below are public; everything in a ``_module`` is private.
 """
+
+import logging as _logging
 
 from ._client import Client as Client
 from ._client import ClientStatistics as ClientStatistics
@@ -101,3 +108,7 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# A library never decides where its log lines go: without any logging
+# configured, nothing is printed (not even logging's last-resort WARNINGs).
+_logging.getLogger("aiolock").addHandler(_logging.NullHandler())

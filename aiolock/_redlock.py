@@ -135,7 +135,8 @@ from ._core.errors import (
 from ._core.keys import RedlockKeys
 from ._core.lease import Hold, Lease, LostCallback
 from ._core.notify import Waiter
-from ._core.observe import Observer
+from ._core.observe import CLIENT_CLOSED, Observer
+from ._core.outage import Outage
 from ._core.validate import check_name, to_ms
 from ._primitives.base import TRANSIENT, Acquirable, _Entry, compete, current_task
 
@@ -144,7 +145,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Redlock", "RedlockLock"]
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.redlock")
 
 #: The constant of the validity (``lease - elapsed - drift * lease - CLOCK_SLACK``).
 CLOCK_SLACK = 0.002
@@ -284,6 +285,7 @@ class Redlock:
         "_holds",
         "_last",
         "_masters",
+        "_outage",
         "_renewer",
         "_roster",
         "_waiting",
@@ -340,6 +342,7 @@ class Redlock:
         self._last: dict[str, int] = {}
         # Set when the last watched hold leaves: the renewal task ends at once.
         self._changed: asyncio.Event | None = None
+        self._outage = Outage()  # a run of renewal rounds short of a majority
 
     def lock(self, name: str) -> RedlockLock:
         """The lock ``name`` over these masters (cheap: no I/O)."""
@@ -358,8 +361,9 @@ class Redlock:
     def closed(self) -> bool:
         return any(m.engine.closed for m in self._masters)
 
-    def first_outage_warning(self) -> bool:
-        return self._masters[0].engine.first_outage_warning()
+    @property
+    def unreachable(self) -> Outage:
+        return self._masters[0].engine.unreachable
 
     # -- HoldEngine (aiolock/_core/lease.py) ---------------------------------------------------
 
@@ -613,7 +617,7 @@ class Redlock:
                     "redlock_release", (master.lock_key(name),), (value, master.channel(name))
                 )
             except Exception as exc:  # the key expires by its TTL
-                log.debug("aiolock: Redlock undo of %r failed on a master: %r", name, exc)
+                log.debug("Redlock undo of %r failed on a master: %r", name, exc)
 
         return [self._spawn(one(m)) for m in self._masters]
 
@@ -826,7 +830,7 @@ class Redlock:
         try:
             await call
         except Exception as exc:  # a best effort: the next write-back may seed it
-            log.debug("aiolock: Redlock seed failed: %r", exc)
+            log.debug("Redlock seed failed: %r", exc)
 
     def _release_decided(
         self, hold: Hold, outcome: asyncio.Future[int], replies: list[Any]
@@ -924,7 +928,7 @@ class Redlock:
         except asyncio.CancelledError:
             # The Client is closing (aclose cancels its background tasks).
             for hold in list(self._watched):
-                hold.mark_lost("the Client was closed")
+                hold.mark_lost(CLIENT_CLOSED)
             raise
 
     async def _renew_rounds(self) -> None:
@@ -950,8 +954,9 @@ class Redlock:
             try:
                 results = await self._renew_on_all(holds, self.lease, timeout)
             except Exception as exc:  # never let the watchdog die
-                log.warning("aiolock: Redlock renewal failed: %r", exc)
+                log.warning("Redlock renewal round failed: %r", exc)
                 results = [None] * len(self._masters)
+            short = 0  # holds renewed on no majority this round
             for i, hold in enumerate(holds):
                 if hold not in self._watched:
                     continue
@@ -961,8 +966,42 @@ class Redlock:
                     hold.renewed(sent, self._validity(self.lease))
                 elif gone > len(self._masters) - self.majority:
                     hold.gone("the hold was gone on a majority of masters")
+                else:
+                    short += 1
+            lost = len(self._watched)
             self._expire(loop.time())
+            lost -= len(self._watched)
+            outage = self._outage
+            if short:
+                if outage.failed():
+                    log.warning(
+                        "Redlock renewals reached %d of %d masters, short of a majority "
+                        "(%d); retrying each round, a lease is lost when its validity ends",
+                        sum(1 for r in results if r is not None),
+                        len(self._masters),
+                        self.majority,
+                    )
+                outage.note(lost)
+            else:
+                run = outage.ended()
+                if run is not None:
+                    log.info(
+                        "Redlock renewals reach a majority again after %.1f s; %d rounds "
+                        "fell short meanwhile, %d leases lost",
+                        run.seconds,
+                        run.failures,
+                        run.noted,
+                    )
             next_round = sent + period
+        run = self._outage.ended()
+        if run is not None:
+            log.info(
+                "Redlock renewals fell short of a majority %d times over %.1f s, until "
+                "nothing was left to renew; %d leases lost",
+                run.failures,
+                run.seconds,
+                run.noted,
+            )
 
     def _expire(self, now: float) -> None:
         for hold in list(self._watched):

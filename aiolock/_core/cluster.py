@@ -79,6 +79,7 @@ from .errors import (
 )
 from .futures import retrieve, stop
 from .listener import Channel, Listener
+from .outage import Outage
 from .redis_compat import ConnectionFactory, node_connection_factory
 
 __all__ = [
@@ -92,7 +93,7 @@ __all__ = [
     "slot_of",
 ]
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.cluster")
 
 #: Redirections (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) one command follows at most.
 MAX_REDIRECTS = 16
@@ -139,6 +140,8 @@ class Topology:
         self._recent_moves: dict[int, tuple[str, float]] = {}
         self._refreshing: asyncio.Task[None] | None = None
         self.refreshes = 0
+        #: The run of failed refreshes under way (one WARNING, one INFO).
+        self.outage = Outage()
         #: Called with the node names whose slots changed owner, after a refresh.
         self.on_change: Callable[[], None] | None = None
         # Also called after a refresh that changed the map (see ``watch``).
@@ -236,7 +239,12 @@ class Topology:
                     "was told it is one (cluster=True, or a redis.asyncio.RedisCluster). "
                     "Use cluster=None (finds out) or False, or a redis.asyncio.Redis"
                 ) from exc
-            log.warning("aiolock: could not refresh the cluster's slot map: %r", exc)
+            if self.outage.failed():
+                log.warning(
+                    "could not read the cluster's slot map from any known node (%r); "
+                    "retrying on each command that needs it",
+                    exc,
+                )
             raise ConnectionFailedError(
                 f"could not read the cluster's slot map from any known node: {exc!r}. "
                 "Check that the cluster is up and reachable from here; aiolock retries"
@@ -262,6 +270,13 @@ class Topology:
         changed = slots != self._slots
         self._slots = slots
         self.refreshes += 1
+        run = self.outage.ended()
+        if run is not None:
+            log.info(
+                "read the cluster's slot map again after %.1f s; %d refreshes failed meanwhile",
+                run.seconds,
+                run.failures,
+            )
         if changed:
             if self.on_change is not None:
                 self.on_change()
@@ -291,10 +306,13 @@ class ClusterMux:
         on_connect: Callable[[], Iterable[tuple[Any, ...]]] = tuple,
         on_reset: Callable[[], None] | None = None,
         node_connection: Callable[..., CommandConnection] | None = None,
+        role: str = "command",
     ) -> None:
         # node_connection(factory, **CommandConnection's options): how a node's
         # connection is made (replication.py's acknowledged ones); default plain.
+        # role: the connections' name in log messages ("command", "renewal"...).
         self.topology = topology
+        self._role = role
         self._node_connection = node_connection or CommandConnection
         self._command_timeout = command_timeout
         self._scripts = scripts  # sha -> source, for NOSCRIPT
@@ -321,6 +339,7 @@ class ClusterMux:
                 on_connect=self._on_connect,
                 on_reset=self._lost,
                 redirects=True,
+                role=self._role,
             )
         return conn
 
@@ -621,7 +640,7 @@ async def check_versions(mux: ClusterMux) -> None:
         if isinstance(info, ServerRefusedError) and info.code == "NOPERM":
             # An ACL user without INFO: SSUBSCRIBE and SPUBLISH fail on an old
             # server with their own clear error; nothing to check here.
-            log.debug("aiolock: INFO refused on %s; the server's version is not checked", name)
+            log.debug("INFO refused on %s; the server's version is not checked", name)
             return
         if isinstance(info, ConnectionFailedError):
             continue

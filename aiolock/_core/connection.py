@@ -30,6 +30,7 @@ the script runner to reload the script (see ``Engine.eval``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -56,6 +57,7 @@ from .errors import (
 )
 from .futures import stop
 from .hiredis import hiredis
+from .outage import Outage
 from .redis_compat import ConnectionFactory
 
 __all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Lane", "NotSent", "Orphan"]
@@ -63,6 +65,9 @@ __all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Lane", "Not
 #: The errors that say a command did not run (an error reply, a refusal):
 #: an orphaned acquire that failed with one of these needs no undo.
 DID_NOT_RUN = (ServerRefusedError, ServerUnavailableError, UnsupportedServerError, ResponseError)
+
+#: Where command, renewal and BLPOP connections log their outages (see Dialer).
+conn_log = logging.getLogger("aiolock.connection")
 
 # redis-py's class for an error reply, by its code (as redis-py's parser picks
 # it); the reply's full text is kept as the message.
@@ -117,6 +122,9 @@ class CommandConnection:
         on_reset: Callable[[], None] | None = None,
         redirects: bool = False,
         sentinel: bool = False,
+        role: str = "command",
+        log: logging.Logger | None = conn_log,
+        outage: Outage | None = None,
     ) -> None:
         # sentinel: the server is a master named by Sentinels: a READONLY
         # reply says it was demoted (a failover): that command fails with a
@@ -129,7 +137,8 @@ class CommandConnection:
         # this Client was told is not one: UnsupportedServerError.
         self.redirects = redirects
         self.sentinel = sentinel
-        self.dialer = Dialer(factory, on_reset=on_reset)
+        # role, log, outage: how its outages are logged (see Dialer).
+        self.dialer = Dialer(factory, on_reset=on_reset, role=role, log=log, outage=outage)
         self._command_timeout = command_timeout
         self._on_connect = on_connect
         self._link: Link | None = None  # the connection, once connected
@@ -309,7 +318,7 @@ class CommandConnection:
             self._timer.cancel()
             self._timer = None
         if link is not None and not self._closed:
-            self.dialer.lost()
+            self.dialer.lost(error)
         pending, self._pending = self._pending, deque()
         if self._idle is not None and not self._idle.done():
             self._idle.set_result(None)

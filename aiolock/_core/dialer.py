@@ -16,7 +16,11 @@ renewal connection, the pub/sub listener's, and the BLPOP connections of
    lost (the engine's connection epoch: the server behind the next
    connection may have lost every key);
 5. for owners that reconnect in a loop (the listener, the BLPOP loops):
-   capped exponential backoff, with jitter, between failed attempts.
+   capped exponential backoff, with jitter, between failed attempts;
+6. log an outage once (``outage.Outage``): one WARNING when the connection
+   is lost or a connect fails after it worked (which connection, to which
+   server, why), nothing for the further failed attempts but a count, and
+   one INFO when a connect succeeds again, with the downtime and the count.
 
 Errors are redis-py's exceptions (a connect that ran out of time is a
 redis-py ``ConnectionError``); owners turn them into AiolockErrors with
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 from collections.abc import Callable
 
@@ -34,6 +39,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from . import redis_compat
+from .outage import Outage
 from .redis_compat import ConnectionFactory
 
 __all__ = ["Dialer", "Link"]
@@ -62,9 +68,28 @@ class Link:
 
 class Dialer:
     """Opens the connections of one owner (a command connection, the listener,
-    a BLPOP loop), counts them, reports resets, and paces reconnects."""
+    a BLPOP loop), counts them, reports resets, paces reconnects, and logs
+    outages (once each).
 
-    __slots__ = ("_backoff_cap", "_delay", "_factory", "_on_reset", "connects")
+    ``role`` names the connection in messages ("command", "renewal",
+    "pub/sub", "BLPOP"...), ``log`` is where they go (None: nowhere, for
+    short-lived probes whose owner reports failures itself). ``outage``
+    may be shared by several dialers of one kind (the BLPOP connections:
+    one line per outage, not one per key). ``back_note`` adds to the
+    recovery line (the listener: how many channels it resubscribes)."""
+
+    __slots__ = (
+        "_back_note",
+        "_backoff_cap",
+        "_delay",
+        "_factory",
+        "_log",
+        "_on_reset",
+        "address",
+        "connects",
+        "outage",
+        "role",
+    )
 
     def __init__(
         self,
@@ -72,12 +97,22 @@ class Dialer:
         *,
         on_reset: Callable[[], None] | None = None,
         backoff_cap: float = 2.0,
+        role: str = "command",
+        log: logging.Logger | None = None,
+        outage: Outage | None = None,
+        back_note: Callable[[], str] | None = None,
     ) -> None:
         self._factory = factory
         self._on_reset = on_reset
         self._backoff_cap = backoff_cap
         self._delay = 0.0
         self.connects = 0
+        self.role = role
+        self._log = log
+        self.outage = Outage() if outage is None else outage
+        self._back_note = back_note
+        #: The server the last connection (or attempt) was to, for messages.
+        self.address = "?"
 
     async def open(self, protocol: Callable[[Link], asyncio.Protocol], timeout: float) -> Link:
         """Connect a new connection, handshake included, within ``timeout``
@@ -94,8 +129,11 @@ class Dialer:
         while True:
             conn = self._factory()
             try:
-                async with asyncio.timeout_at(deadline):
-                    transport = await redis_compat.connect(conn)
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        transport = await redis_compat.connect(conn)
+                finally:
+                    self.address = redis_compat.address(conn)
                 break
             except BaseException as exc:
                 with contextlib.suppress(Exception):
@@ -106,23 +144,56 @@ class Dialer:
                         await asyncio.sleep(delay)
                         delay = min(delay * 2, 0.5)
                         continue
+                    self._failed_connect(exc)
                     raise
                 if isinstance(exc, TimeoutError):
                     if not_master is not None:
+                        self._failed_connect(not_master)
                         raise not_master from None
-                    raise RedisConnectionError(
-                        f"could not connect to Redis within {timeout:g} s"
-                    ) from None
+                    error = RedisConnectionError(f"could not connect to Redis within {timeout:g} s")
+                    self._failed_connect(error)
+                    raise error from None
+                if isinstance(exc, Exception):
+                    self._failed_connect(exc)
                 raise
         link = Link(conn, transport)
         # No await from here to the caller: the protocol sees every byte, and
         # the caller records the link before any of its callbacks can run.
         transport.set_protocol(protocol(link))
         self.connects += 1
+        run = self.outage.ended()
+        log = self._log
+        if run is not None and log is not None:
+            log.info(
+                "%s connection to %s back after %.1f s; %d connect attempts failed meanwhile%s",
+                self.role,
+                self.address,
+                run.seconds,
+                run.noted,  # (the connects that failed: see _failed_connect)
+                self._back_note() if self._back_note is not None else "",
+            )
         return link
 
-    def lost(self) -> None:
+    def _failed_connect(self, exc: BaseException) -> None:
+        first = self.outage.failed()
+        self.outage.note()  # counts the failed connects (a shared outage: of every dialer)
+        if first and self._log is not None:
+            self._log.warning(
+                "%s connection to %s failed (%s); retrying until it answers",
+                self.role,
+                self.address,
+                exc,
+            )
+
+    def lost(self, reason: object = None) -> None:
         """An established connection was lost (not closed by its owner)."""
+        if self.outage.failed() and self._log is not None:
+            self._log.warning(
+                "%s connection to %s lost (%s); reconnecting",
+                self.role,
+                self.address,
+                reason or "closed",
+            )
         if self._on_reset is not None:
             self._on_reset()
 

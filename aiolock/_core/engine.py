@@ -61,8 +61,9 @@ from .futures import stop
 from .holds import Holds
 from .listener import Channel, Listener
 from .notify import ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
-from .observe import Observer, new_telemetry
+from .observe import CLIENT_CLOSED, Observer, new_telemetry
 from .options import ClientStatistics, Notify, Options
+from .outage import Outage
 from .owner import task_serial
 from .redis_compat import ConnectionFactory, SentinelService, connection_factory, sentinel_service
 from .replication import AckedConnection, Acknowledgement, Unacknowledged, acked_node
@@ -75,7 +76,9 @@ from .watchdog import Renewable, Watchdog
 
 __all__ = ["Call", "ClientStatistics", "Engine", "Notify", "Undo"]
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.lock")
+conn_log = logging.getLogger("aiolock.connection")
+sentinel_log = logging.getLogger("aiolock.sentinel")
 
 S = TypeVar("S")
 A = TypeVar("A")
@@ -165,9 +168,7 @@ class Engine:
         self.owns_cluster_client = False
         self.scripts: dict[str, Script] = load_scripts()
         #: Counts every acquisition, hold and loss; feeds OpenTelemetry (observe.py).
-        self.observer = Observer(
-            new_telemetry(options.lock_label) if options.telemetry else None
-        )
+        self.observer = Observer(new_telemetry(options.lock_label) if options.telemetry else None)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
         self._started = False
@@ -208,9 +209,13 @@ class Engine:
         # acquires and releases on the main connection (connected on first use).
         # With replicas acknowledging, each round of renewals is followed by a
         # WAIT there (replication.py).
-        self.renew_mux: Lane = self._lane(renewals=True)
+        self.renew_mux: Lane = self._lane(renewals=True, role="renewal")
         #: The acknowledged acquisitions' own lane (replication.py), with ``ack``.
-        self.acked_lane: Lane | None = self._lane(renewals=False) if self.ack is not None else None
+        self.acked_lane: Lane | None = (
+            self._lane(renewals=False, role="acknowledged command")
+            if self.ack is not None
+            else None
+        )
         self.listener: Listener | ShardedListener = Listener(
             self._new_connection, on_reset=self._verifier.connection_reset
         )
@@ -220,9 +225,8 @@ class Engine:
             sentinel=self.sentinel is not None,
         )
         self._attempts = 0
-        # The command connection's connect count when a waiting task last
-        # warned that Redis is unreachable (one warning per outage).
-        self.outage_warned = -1
+        #: The run of failed tries of waiting tasks (``compete``): one WARNING, one INFO.
+        self.unreachable = Outage()
         self.watchdog = Watchdog(self, self.lease)
         # Bound once, as attributes: no call frame more on the release path.
         #: Stop renewing an item (a hold, or a ``renew`` item); a no-op if not renewed.
@@ -232,7 +236,7 @@ class Engine:
         self.lease_ms = to_ms(self.lease)
         self.retention_ms = to_ms(FENCE_RETENTION)
 
-    def _lane(self, *, renewals: bool) -> Lane:
+    def _lane(self, *, renewals: bool, role: str) -> Lane:
         """A standalone lane: acknowledged (``AckedConnection``) with ``ack``."""
         if self.ack is None:
             return CommandConnection(
@@ -241,6 +245,7 @@ class Engine:
                 on_connect=self._preload,
                 on_reset=self._verifier.connection_reset,
                 sentinel=self.sentinel is not None,
+                role=role,
             )
         return AckedConnection(
             self._new_connection,
@@ -250,6 +255,7 @@ class Engine:
             on_connect=self._preload,
             on_reset=self._verifier.connection_reset,
             sentinel=self.sentinel is not None,
+            role=role,
         )
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -317,7 +323,7 @@ class Engine:
             state.close()
         holds = [h for state in list(self.states.values()) for h in state.holds()]
         for hold in holds:
-            hold.mark_lost("the Client was closed")
+            hold.mark_lost(CLIENT_CLOSED)
         if self._started:
             releases = [
                 self.submit_script(h.release_script, h.release_keys, h.release_args) for h in holds
@@ -499,7 +505,7 @@ class Engine:
                 # INFO refused (an ACL user without it, a renamed command, a
                 # proxy): take it for a standalone server; a cluster node would
                 # answer MOVED, which says so (from_url(..., cluster=True)).
-                log.info("aiolock: INFO refused (%s); taking the server for a standalone one", exc)
+                conn_log.info("INFO refused (%s); taking the server for a standalone one", exc)
                 info = b""
             if b"cluster_enabled:1" not in info:
                 self.cluster = False
@@ -567,6 +573,7 @@ class Engine:
             on_connect=self._preload,
             on_reset=reset,
             node_connection=None if ack is None else partial(acked_node, ack, renewals=True),
+            role="renewal",
         )
         if ack is not None:
             # One acknowledged connection per master for the acquisitions.
@@ -579,6 +586,7 @@ class Engine:
                     on_connect=self._preload,
                     on_reset=reset,
                     node_connection=partial(acked_node, ack, renewals=False),
+                    role="acknowledged command",
                 ),
             )
             if old_acked is not None:
@@ -633,7 +641,7 @@ class Engine:
         writable master for seconds: nothing may be granted there any more."""
         if self.closed:
             return
-        log.warning("aiolock: %s; following the new master (every hold is verified there)", reason)
+        sentinel_log.warning("%s; following the new master (every hold is verified there)", reason)
         for lane in (self.mux, self.renew_mux, self.acked_lane):
             if isinstance(lane, CommandConnection):
                 lane.reset(f"the master changed: {reason}")
@@ -667,7 +675,7 @@ class Engine:
             try:
                 callback(reply, error)
             except Exception:
-                log.exception("aiolock: reply handler of %r failed", name)
+                log.exception("reply handler of the script %r failed", name)
 
         if not self._settled:  # (only before the first command: see _settle)
             fut = asyncio.ensure_future(self.eval(name, keys, args))
@@ -757,7 +765,7 @@ class Engine:
     def _background_done(self, task: asyncio.Task[Any]) -> None:
         self.background.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.warning("aiolock background task failed: %r", task.exception())
+            log.warning("background task %s failed: %r", task.get_name(), task.exception())
 
     async def retry(
         self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...], attempts: int = 5
@@ -830,13 +838,6 @@ class Engine:
             self.listener.unregister(channel)
         else:
             self.signals.unregister(channel)
-
-    def first_outage_warning(self) -> bool:
-        """True once per outage (per command connection lost): whether to log it."""
-        if self.outage_warned == self.mux.connects:
-            return False
-        self.outage_warned = self.mux.connects
-        return True
 
     @property
     def verifier(self) -> asyncio.Task[None] | None:

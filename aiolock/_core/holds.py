@@ -29,7 +29,8 @@ from .watchdog import Watchdog
 
 __all__ = ["HoldOwner", "Holds"]
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.lease")
+trace = logging.getLogger("aiolock.lock")  # the DEBUG trace of releases
 
 
 class HoldOwner(HoldEngine, Protocol):
@@ -225,6 +226,15 @@ class Holds:
         or 0 (the hold was gone: lost, unless it already was). Ends the hold."""
         if code == 0 and not hold.lost:
             hold.mark_lost("the hold was gone when released (expired or force-released)")
+        if trace.isEnabledFor(logging.DEBUG):
+            trace.debug(
+                "%s %r: released by %s (fencing token %d)%s",
+                hold.kind,
+                hold.name,
+                hold.owner,
+                hold.token,
+                "; it was gone already" if code == 0 else "",
+            )
         hold.detach()
         if not outcome.done():
             outcome.set_result(code)
@@ -302,7 +312,7 @@ class Holds:
         try:
             awaitable = call_lost_callback(callback, lease)
         except Exception:
-            log.exception("aiolock: on_lost callback %r raised", callback)
+            log.exception("on_lost callback %r of %r raised", callback, lease.name)
             return
         if awaitable is not None:
 
@@ -310,6 +320,6 @@ class Holds:
                 try:
                     await awaitable  # type: ignore[misc]
                 except Exception:
-                    log.exception("aiolock: on_lost callback %r raised", callback)
+                    log.exception("on_lost callback %r of %r raised", callback, lease.name)
 
             self.engine.spawn(run())

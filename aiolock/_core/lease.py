@@ -22,7 +22,7 @@ from .validate import check_seconds
 
 __all__ = ["Hold", "HoldEngine", "Lease", "LostCallback"]
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.lease")
 
 #: Called with the Lease when it is lost. May return an awaitable, which is run as a task.
 LostCallback = Callable[["Lease"], object]

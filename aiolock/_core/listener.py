@@ -48,7 +48,7 @@ from .redis_compat import ConnectionFactory
 
 __all__ = ["WAKE_ALL", "WAKE_ONE", "Channel", "Listener", "Subscriber"]
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.listener")
 
 _SUBSCRIBE_REPLIES = frozenset((b"subscribe", b"unsubscribe", b"ssubscribe", b"sunsubscribe"))
 
@@ -227,9 +227,22 @@ class Listener:
         sharded: bool = False,
         on_moved: Callable[[], None] | None = None,
         on_unreachable: Callable[[], None] | None = None,
+        role: str = "pub/sub",
+        logger: logging.Logger = log,
     ) -> None:
         # on_reset: called when an established pub/sub connection is lost (not on close).
-        self._dialer = Dialer(factory, on_reset=on_reset, backoff_cap=backoff_cap)
+        # role, logger: how its outages are logged (the Dialer logs them, once each).
+        self._dialer = Dialer(
+            factory,
+            on_reset=on_reset,
+            backoff_cap=backoff_cap,
+            role=role,
+            log=logger,
+            back_note=self._back_note,
+        )
+        self._log = logger
+        # Why the health check dropped the connection (for the dialer's line).
+        self._why: str | None = None
         # on_unreachable: called when a connection could not be opened, once per
         # outage (again only after a connection succeeded). Cluster mode: the
         # node may have died before this listener ever reached it, so no
@@ -440,9 +453,10 @@ class Listener:
             if self._channels:
                 self._send(self._subscribe, list(self._channels))
             return
-        log.warning(
-            "aiolock listener: a node the slot map names a master is a replica now; "
-            "its channels wait for the map to move them"
+        self._log.warning(
+            "pub/sub connection to %s: the node the slot map names a master is a replica "
+            "now; its channels wait for the slot map to move them",
+            self._dialer.address,
         )
         if self._on_moved is not None:
             self._on_moved()
@@ -478,12 +492,15 @@ class Listener:
                 await self._wanted.wait()
             await dialer.pause()
             started = asyncio.get_running_loop().time()
+            error: BaseException | None = None
             try:
                 await self._session()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("aiolock listener: pub/sub connection lost (%s); reconnecting", exc)
+                # (A connect that failed was logged by the dialer, once per outage;
+                # a lost connection is, below.)
+                error = exc
                 if self._link is None and not self._unreachable_told:
                     self._unreachable_told = True  # (never connected: see on_unreachable)
                     if self._on_unreachable is not None:
@@ -501,7 +518,8 @@ class Listener:
                 self._expect.clear()
                 self._order.clear()
                 if self._link is not None and not self._closed:
-                    dialer.lost()
+                    why, self._why = self._why, None
+                    dialer.lost(why or error)
                 await self._disconnect()
 
     async def _session(self) -> None:
@@ -533,13 +551,17 @@ class Listener:
             self._health_handle.cancel()
             self._health_handle = None
 
+    def _back_note(self) -> str:
+        n = len(self._channels)
+        return f"; resubscribing {n} channel{'' if n == 1 else 's'}" if n else ""
+
     def _health_check(self) -> None:
         """Ping every health_interval; a ping unanswered for a whole interval kills the link."""
         link = self._link
         if link is None:
             return
         if self._ping_outstanding:
-            log.warning("aiolock listener: pub/sub connection stopped answering; reconnecting")
+            self._why = f"no answer to a PING for {self._health_interval:g} s"
             link.abort()
             return
         self._ping_outstanding = True
@@ -566,7 +588,11 @@ class Listener:
         ):
             self._on_moved()
             return
-        log.warning("aiolock listener: Redis answered %s", reply)
+        self._log.warning(
+            "pub/sub connection to %s: Redis refused a subscription: %s",
+            self._dialer.address,
+            reply,
+        )
 
     def _answered(self, error: str) -> None:
         """Sharded mode: the (un)subscription first in ``_order`` was refused
@@ -582,9 +608,11 @@ class Listener:
                 # names it one), warned once; the README's ACL line grants ROLE.
                 if not self._role_refused:
                     self._role_refused = True
-                    log.warning(
-                        "aiolock listener: the ACL user may not run ROLE, so a node the "
-                        "slot map names a master is not checked to be one; grant +role"
+                    self._log.warning(
+                        "pub/sub connection to %s: the ACL user may not run ROLE, so a "
+                        "node the slot map names a master is not checked to be one; "
+                        "grant +role",
+                        self._dialer.address,
                     )
                 self._role(True)
                 return
@@ -699,7 +727,7 @@ class _PubSubProtocol(asyncio.Protocol):
             try:
                 self._listener._dispatch(reply)
             except Exception:
-                log.exception("aiolock listener: dispatching %r failed", reply)
+                log.exception("dispatching the pub/sub message %r failed", reply)
 
     def eof_received(self) -> bool | None:
         self._end("Redis closed the pub/sub connection")

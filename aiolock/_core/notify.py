@@ -38,12 +38,13 @@ from typing import Protocol
 from .connection import CommandConnection
 from .errors import ClientClosedError, InvalidArgumentError
 from .listener import Channel, Subscriber
+from .outage import Outage
 from .redis_compat import ConnectionFactory
 from .validate import check_seconds
 
 __all__ = ["Backoff", "ListWaiter", "PollWaiter", "PubSubWaiter", "SignalHub", "Waiter"]
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.connection")
 
 
 class Waiter(Protocol):
@@ -166,6 +167,10 @@ class SignalHub:
         self._signals: dict[bytes, _Signal] = {}
         self._closed = False
         self.connects = 0
+        # One outage of all the BLPOP connections (one line each way, not one
+        # per waited name), and one run of BLPOPs failing otherwise (refused).
+        self._outage = Outage()
+        self._refused = Outage()
 
     @property
     def active(self) -> int:
@@ -210,6 +215,8 @@ class SignalHub:
             on_connect=connected,
             redirects=factory_for is not None,
             sentinel=self._sentinel,
+            role="BLPOP",
+            outage=self._outage,
         )
         dialer = conn.dialer
         try:
@@ -219,7 +226,10 @@ class SignalHub:
                     # Connects (again) if need be: a failed connect fails the call.
                     reply = await conn.call(b"BLPOP", key, self.BLOCK)
                 except Exception as exc:
-                    log.warning("aiolock: BLPOP on %r failed (%s); retrying", key, exc)
+                    # A lost connection, or one that could not be made, is
+                    # logged by its dialer (once per outage); anything else here.
+                    if not dialer.outage.ongoing and self._refused.failed():
+                        log.warning("BLPOP on %r failed (%s); retrying", key, exc)
                     dialer.failed()
                     if self._on_failure is not None:
                         self._on_failure()  # cluster mode: refresh the slot map
@@ -232,11 +242,20 @@ class SignalHub:
                             command_timeout=self._command_timeout,
                             on_connect=connected,
                             redirects=True,
+                            role="BLPOP",
+                            outage=self._outage,
                         )
                         conn.dialer.failed()
                         dialer = conn.dialer
                     continue
                 dialer.proven()
+                run = self._refused.ended()
+                if run is not None:
+                    log.info(
+                        "BLPOP answered again after %.1f s; it failed %d times",
+                        run.seconds,
+                        run.failures,
+                    )
                 if reply:
                     channel.wake(reply[1])
         finally:

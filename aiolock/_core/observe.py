@@ -36,6 +36,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from .errors import LockTimeoutError
 
 __all__ = [
+    "CLIENT_CLOSED",
     "Attempt",
     "Hold",
     "LockLabel",
@@ -56,6 +57,10 @@ LockLabel = Callable[[str], "str | None"]
 
 log = logging.getLogger("aiolock.lock")
 lease_log = logging.getLogger("aiolock.lease")
+
+#: The reason of a hold lost because its Client was closed (``aclose()``): the
+#: user's own doing, logged at INFO; every other loss is a WARNING.
+CLIENT_CLOSED = "the Client was closed"
 
 
 class Telemetry(Protocol):
@@ -244,16 +249,28 @@ class Observer:
 
     def lost(self, hold: Hold) -> None:
         self.losses += 1
-        lease_log.warning(
-            "lease of %s %r lost (fencing token %d, owner %s): %s. The holder's `async with` "
-            "body is cancelled and raises LockLostError (unless on_lost='ignore'); writes "
-            "it makes after this moment must be refused by the fencing token",
-            hold.kind.replace("_", " "),
-            hold.name,
-            hold.token,
-            hold.owner,
-            hold.lost_reason,
-        )
+        if hold.lost_reason == CLIENT_CLOSED:
+            # aclose() while holding: asked for, and the hold is released in
+            # Redis right after; worth a line, not an alarm.
+            lease_log.info(
+                "lease of %s %r given up (fencing token %d, owner %s): %s while it was held",
+                hold.kind.replace("_", " "),
+                hold.name,
+                hold.token,
+                hold.owner,
+                hold.lost_reason,
+            )
+        else:
+            lease_log.warning(
+                "lease of %s %r lost (fencing token %d, owner %s): %s. The holder's `async "
+                "with` body is cancelled and raises LockLostError (unless on_lost='ignore'); "
+                "writes it makes after this moment must be refused by the fencing token",
+                hold.kind.replace("_", " "),
+                hold.name,
+                hold.token,
+                hold.owner,
+                hold.lost_reason,
+            )
         if self.telemetry is not None:
             self.telemetry.lost(hold.kind, hold.name)
 

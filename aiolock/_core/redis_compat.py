@@ -58,6 +58,7 @@ __all__ = [
     "NOT_MASTER",
     "ConnectionFactory",
     "SentinelService",
+    "address",
     "connect",
     "connection_factory",
     "disconnect",
@@ -98,6 +99,21 @@ def node_connection_factory(node: ClusterNode, client_name: str) -> ConnectionFa
         return _new(node.connection_class, node.connection_kwargs, client_name)
 
     return new_connection
+
+
+def address(conn: AbstractConnection) -> str:
+    """Where ``conn`` connects, for messages: ``host:port``, a Unix socket's
+    path, or (a Sentinel-managed connection before it asked) its service."""
+    path = getattr(conn, "path", None)
+    if path:
+        return str(path)
+    where = f"{getattr(conn, 'host', '?')}:{getattr(conn, 'port', '?')}"
+    if isinstance(conn, SentinelManagedConnection):
+        service = getattr(conn.connection_pool, "service_name", "?")
+        if where == "localhost:6379":  # redis-py's default: not asked yet
+            return f"the master of {service!r}"
+        return f"{where} (master of {service!r})"
+    return where
 
 
 def _new(cls: type[AbstractConnection], settings: dict[str, Any], name: str) -> AbstractConnection:

@@ -71,7 +71,7 @@ from .errors import (
 from .redis_compat import ConnectionFactory
 from .validate import to_ms
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.lock")
 
 __all__ = ["AckedConnection", "Acknowledgement", "Unacknowledged", "acked_node", "granted"]
 
@@ -185,6 +185,7 @@ class AckedConnection(CommandConnection):
         on_reset: Callable[[], None] | None = None,
         redirects: bool = False,
         sentinel: bool = False,
+        role: str = "command",
     ) -> None:
         super().__init__(
             factory,
@@ -193,6 +194,7 @@ class AckedConnection(CommandConnection):
             on_reset=on_reset,
             redirects=redirects,
             sentinel=sentinel,
+            role=role,
         )
         self.ack = ack
         self.renewals = renewals
@@ -246,7 +248,7 @@ class AckedConnection(CommandConnection):
                 try:
                     callback(*_outcome(script_reply, script_error, failure, renewals))
                 except Exception:
-                    log.exception("aiolock: reply handler of an acknowledged script failed")
+                    log.exception("reply handler of an acknowledged script failed")
 
         CommandConnection.send(self, *ack.command, callback=answered)
 

@@ -66,7 +66,7 @@ from .redis_compat import SentinelService
 
 __all__ = ["SWITCH_CHANNEL", "SentinelWatch"]
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.sentinel")
 
 #: The Sentinels' event of a master change: "<service> <old ip> <old port> <new ip> <new port>".
 SWITCH_CHANNEL = b"+switch-master"
@@ -114,8 +114,16 @@ class SentinelWatch:
         self._command_timeout = min(command_timeout, 2.0)
         #: Switches seen (for tests and statistics).
         self.switches = 0
-        self._lane = CommandConnection(self._rotate, command_timeout=self._command_timeout)
-        self._listener = Listener(self._rotate, on_reset=self.check_soon, health_interval=2.0)
+        self._lane = CommandConnection(
+            self._rotate, command_timeout=self._command_timeout, role="Sentinel", log=log
+        )
+        self._listener = Listener(
+            self._rotate,
+            on_reset=self.check_soon,
+            health_interval=2.0,
+            role="Sentinel pub/sub",
+            logger=log,
+        )
         self._task: asyncio.Task[None] | None = None
         self._checks: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -218,7 +226,7 @@ class SentinelWatch:
         try:
             answer = await self.master()
         except AiolockError as exc:
-            log.info("aiolock: cannot ask the Sentinels for the master (%s)", exc)
+            log.info("cannot ask the Sentinels for the master (%s)", exc)
             return
         if answer is not None:
             self.compare(*answer, "a Sentinel names")
@@ -227,14 +235,16 @@ class SentinelWatch:
         """Ask every Sentinel at once (one connection each, closed after);
         each answer is compared as it comes (a silent Sentinel delays none)."""
         conns = [
-            CommandConnection(f, command_timeout=self._command_timeout) for f in self._factories
+            # (quiet: a Sentinel that does not answer is logged below)
+            CommandConnection(f, command_timeout=self._command_timeout, log=None)
+            for f in self._factories
         ]
 
         async def ask(conn: CommandConnection) -> None:
             try:
                 answer = await asyncio.wait_for(self._ask(conn), self._command_timeout)
             except (AiolockError, TimeoutError) as exc:
-                log.info("aiolock: a Sentinel did not say which master it names (%s)", exc)
+                log.info("a Sentinel did not say which master it names (%s)", exc)
                 return
             if answer is not None:
                 self.compare(*answer, "the Sentinels announced")
@@ -265,7 +275,7 @@ class SentinelWatch:
         ):
             self.stale += 1
             log.debug(
-                "aiolock: a Sentinel names %s:%d at config epoch %d, behind epoch %d: ignored",
+                "a Sentinel names %s:%d at config epoch %d, behind epoch %d: ignored",
                 address[0],
                 address[1],
                 epoch,

@@ -18,6 +18,10 @@ renewal can run after a release and be answered first). A renewal that
 fails (connection error, no reply) is retried every ``interval / 4`` until
 the item's known expiry passes, and then it is gone: a lease is never
 assumed alive past the last moment Redis is known to have extended it.
+Such a run of failed rounds is logged once (``outage.Outage``): a WARNING
+at its first failure, an INFO when a round succeeds again (or nothing is
+left to renew) with how long it lasted, how many rounds failed and how
+many items were lost meanwhile.
 
 ``plan_batches`` and ``group_batches`` are pure functions, tested without
 a server.
@@ -32,10 +36,11 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from .futures import stop
+from .outage import Outage
 
 __all__ = ["BATCH", "Renewable", "Renewer", "Watchdog", "group_batches", "plan_batches"]
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.watchdog")
 
 #: Keys per renewal script call: 10,000 holds cost 5 calls per interval,
 #: each a few milliseconds of Redis time.
@@ -116,6 +121,10 @@ class Watchdog:
         self._soonest = math.inf
         self.rounds = 0
         self.calls = 0
+        #: The run of failed rounds under way, if any (one WARNING, one INFO).
+        self.outage = Outage()
+        self._error: BaseException | None = None  # the last renewal error seen
+        self._gone = 0  # items found gone or lost in this round
 
     def shard_by(self, slot: Callable[[Any], int], node: Callable[[int], Hashable]) -> None:
         """Cluster mode: batch the items by node, never two nodes in one call.
@@ -164,6 +173,7 @@ class Watchdog:
         retrying = False
         while True:
             if not self._items:
+                self._ended("nothing is left to renew")
                 self._kick.clear()
                 await self._kick.wait()
                 wake, retrying = loop.time() + self.interval, False
@@ -206,6 +216,7 @@ class Watchdog:
         engine = self._engine
         loop = asyncio.get_running_loop()
         self.rounds += 1
+        self._gone = 0
         sent = loop.time()
         items = list(self._items)
         if self._node is None:
@@ -240,8 +251,29 @@ class Watchdog:
         for fut in late:
             ok = self._handle(batch_of[fut], fut, sent) and ok
         if not ok:
-            log.warning("aiolock watchdog: renewal failed; retrying until the leases expire")
+            if self.outage.failed():
+                log.warning(
+                    "lease renewals failed (%s); retrying every %.2g s, each lease is lost "
+                    "if not renewed before it expires",
+                    self._error,
+                    max(self.interval / 4, 0.01),
+                )
+            self.outage.note(self._gone)
+        else:
+            self._ended("they succeed again")
         return ok
+
+    def _ended(self, how: str) -> None:
+        run = self.outage.ended()
+        if run is not None:
+            log.info(
+                "lease renewals failed %d times over %.1f s, until %s; %d leases or queue "
+                "places lost meanwhile",
+                run.failures,
+                run.seconds,
+                how,
+                run.noted,
+            )
 
     async def _group_by_node(self) -> list[tuple[str, list[Renewable]]]:
         """Cluster mode: the items' batches by script and node, ``BATCH``
@@ -276,8 +308,11 @@ class Watchdog:
                 item.renewed(sent, self.lease)
             elif isinstance(renewed, BaseException):
                 ok = False
+                self._error = renewed
                 if now >= item.expires_at:
+                    self._gone += 1
                     item.gone(f"could not renew before expiry: {renewed!r}")
             else:
+                self._gone += 1
                 item.gone("the watchdog found the hold gone (expired or taken)")
         return ok

@@ -56,6 +56,7 @@ from .._core.lease import Hold, Lease
 from .._core.notify import Waiter
 from .._core.observe import Observer, note_waiting, observed
 from .._core.options import LockStatistics
+from .._core.outage import Outage
 from .._core.validate import check_lease, check_name, check_timeout
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ FIRST_CONTACT_TRIES = 3
 #: The longest pause between two tries of a wait riding out an outage.
 OUTAGE_BACKOFF_CAP = 1.0
 
-log = logging.getLogger("aiolock")
+log = logging.getLogger("aiolock.lock")
 
 
 def current_task() -> asyncio.Task[Any]:
@@ -153,7 +154,9 @@ class Contender(Protocol):
     @property
     def lease(self) -> float: ...
 
-    def first_outage_warning(self) -> bool: ...
+    #: The run of failed tries of waiting tasks under way (one WARNING, one INFO).
+    @property
+    def unreachable(self) -> Outage: ...
 
 
 async def compete(
@@ -229,13 +232,13 @@ async def compete(
                     ) from exc.__cause__ or exc
                 if engine.closed:
                     raise ClientClosedError("the aiolock Client was closed while waiting") from exc
-                if engine.first_outage_warning():
-                    # One warning per outage (per connection lost), not per task.
+                if engine.unreachable.failed():
+                    # One warning per outage, not per task nor per try.
                     log.warning(
-                        "aiolock: %s: Redis unreachable (%s); retrying %s",
+                        "%s: Redis unreachable (%s); waiting tasks retry %s",
                         what,
                         exc,
-                        "until the timeout" if deadline is not None else "until it answers",
+                        "until their timeout" if deadline is not None else "until it answers",
                     )
                 delay = min(0.05 * 2**failures, OUTAGE_BACKOFF_CAP)
                 if deadline is not None:
@@ -246,6 +249,17 @@ async def compete(
                     abandon()  # the failed try may have run, its reply lost
                     raise
                 continue
+            outage = engine.unreachable
+            if outage.started is not None:  # (ended by any reply, this task's or not)
+                run = outage.ended()
+                if run is not None:
+                    log.info(
+                        "%s: Redis answers again after %.1f s; tries of waiting tasks "
+                        "failed %d times meanwhile",
+                        what,
+                        run.seconds,
+                        run.failures,
+                    )
             failures = 0
             reached = True
             if result is not None:

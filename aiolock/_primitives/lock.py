@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
     from .._core.notify import Waiter
 
 __all__ = ["AsyncLock", "LocalQueue"]
+
+#: The DEBUG trace of grants and handoffs (acquisitions and releases: observe.py, holds.py).
+log = logging.getLogger("aiolock.lock")
 
 
 #: How many times in a row a Client may hand a lock among its own tasks
@@ -269,6 +273,17 @@ class LocalQueue:
             redis_identity=hold,
         )
         new.reserve = hold.reserve - 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "lock %r: handed from %s to %s in this Client, no round trip (fencing token "
+                "%d, handoff %d of at most %d in a row)",
+                hold.name,
+                hold.owner if hold.task is None else self.engine.owner(hold.task),
+                self.engine.owner(turn.task),
+                new.token,
+                self.handoffs,
+                COHORT_BOUND,
+            )
         if not self.lot.hand(turn, new):
             # Not reached today (release() picks a live waiter and hands with
             # no await between), but a hold nobody takes must not stay held.
@@ -297,6 +312,14 @@ class LocalQueue:
             self, turn.task, owner, token, turn.lease, lease_s, sent, confirmed
         )
         new.reserve = TOKEN_RESERVE - 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "lock %r: handed from %s to %s in this Client by one script (fencing token %d)",
+                hold.name,
+                hold.owner,
+                owner,
+                token,
+            )
         if not outcome.done():
             outcome.set_result(1)
         if not self.lot.hand(turn, new):
@@ -348,6 +371,14 @@ class LocalQueue:
             return
         if member == self.member:
             self.grant = grant
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "lock %r: granted by a release to this Client's waiting entry %s "
+                    "(fencing token %s)",
+                    self.key if self.lock is None else self.lock.name,
+                    member,
+                    token,
+                )
 
     def take_grant(self, member: str) -> tuple[int, int, float, int] | None:
         """The grant to ``member``, if one arrived: (token, reserve, arrival

@@ -1,0 +1,78 @@
+"""One log line per outage, with a count: the ``Outage`` helper.
+
+A connection that keeps failing to reconnect, a watchdog that keeps failing
+to renew, tasks that keep retrying while Redis is away: each would log a
+line per attempt (every 250 ms, for as long as the outage lasts), and the
+line that matters, the first, would scroll away. So whatever retries
+through an outage keeps one ``Outage``: it says when a run of failures
+*starts* (the owner logs one WARNING then), counts the failures of the run,
+and says when it *ends* (the owner logs one INFO with the downtime and the
+count). The owner words both lines; the helper only decides when.
+
+    if outage.failed():               # True once per run: the first failure
+        log.warning("... lost (%s); reconnecting", exc)
+    ...
+    run = outage.ended()              # None unless a run was under way
+    if run is not None:
+        log.info("... back after %.1f s; %d attempts failed", run.seconds, run.failures)
+
+Times are ``time.monotonic()``: no event loop is needed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+__all__ = ["Outage", "Run"]
+
+
+class Run(NamedTuple):
+    """A run of failures that has ended."""
+
+    #: Seconds from its first failure to its end.
+    seconds: float
+    #: Failures counted in it (the first included).
+    failures: int
+    #: Whatever else the owner counted meanwhile with ``Outage.note`` (e.g. leases lost).
+    noted: int
+
+
+class Outage:
+    """A run of failures of one thing (a connection, the renewals...): when it began, how many."""
+
+    __slots__ = ("failures", "noted", "started")
+
+    def __init__(self) -> None:
+        #: ``time.monotonic()`` at the first failure of the run under way, or None.
+        self.started: float | None = None
+        self.failures = 0
+        self.noted = 0
+
+    @property
+    def ongoing(self) -> bool:
+        return self.started is not None
+
+    def failed(self) -> bool:
+        """Count one failure. True when it starts a run: the owner logs it (once per run)."""
+        self.failures += 1
+        if self.started is not None:
+            return False
+        self.started = time.monotonic()
+        return True
+
+    def note(self, count: int = 1) -> None:
+        """Count something else that happened during the run (ignored outside a run)."""
+        if self.started is not None:
+            self.noted += count
+
+    def ended(self) -> Run | None:
+        """The thing works again: the run that ended (for the owner's one line), or None."""
+        started = self.started
+        if started is None:
+            return None
+        run = Run(time.monotonic() - started, self.failures, self.noted)
+        self.started = None
+        self.failures = 0
+        self.noted = 0
+        return run
