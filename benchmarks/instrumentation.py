@@ -72,13 +72,17 @@ class Variant:
         self.span = span
         self.p50: list[float] = []  # per round, µs
         self.rate: list[float] = []  # per round, cycles/s
+        self.cpu: list[float] = []  # per round, this process's CPU µs per cycle
 
 
-async def cycles(variant: Variant, seconds: float, max_cycles: int) -> tuple[float, float]:
-    """Acquire + release for ``seconds``: (p50 µs, cycles per second)."""
+async def cycles(
+    variant: Variant, seconds: float, max_cycles: int
+) -> tuple[float, float, float]:
+    """Acquire + release for ``seconds``: (p50 µs, cycles per second, CPU µs per cycle)."""
     lock = variant.lock
     samples: list[int] = []
     clock = time.perf_counter_ns
+    cpu = time.process_time_ns()
     began = clock()
     end = began + int(seconds * 1e9)
     while len(samples) < max_cycles:
@@ -89,18 +93,21 @@ async def cycles(variant: Variant, seconds: float, max_cycles: int) -> tuple[flo
         samples.append(t1 - t0)
         if t1 >= end:
             break
+    await asyncio.sleep(0)  # the last deferred records
     elapsed = clock() - began
-    return statistics.median(samples) / 1000.0, len(samples) / (elapsed / 1e9)
+    cpu_us = (time.process_time_ns() - cpu) / 1000.0 / len(samples)
+    return statistics.median(samples) / 1000.0, len(samples) / (elapsed / 1e9), cpu_us
 
 
 async def run_round(variant: Variant, seconds: float, max_cycles: int) -> None:
     if variant.span is None:
-        p50, rate = await cycles(variant, seconds, max_cycles)
+        p50, rate, cpu = await cycles(variant, seconds, max_cycles)
     else:
         with variant.span():
-            p50, rate = await cycles(variant, seconds, max_cycles)
+            p50, rate, cpu = await cycles(variant, seconds, max_cycles)
     variant.p50.append(p50)
     variant.rate.append(rate)
+    variant.cpu.append(cpu)
 
 
 def micro(telemetry: Any, n: int) -> float:
@@ -197,6 +204,10 @@ async def measure(url: str, rounds: int, seconds: float, max_cycles: int) -> dic
             "rate_ratio": statistics.median(
                 b / v for v, b in zip(variant.rate, base.rate, strict=True)
             ),
+            "cpu_us": statistics.median(variant.cpu),
+            "cpu_ratio": statistics.median(
+                v / b for v, b in zip(variant.cpu, base.cpu, strict=True)
+            ),
             "micro_ns": micro_ns.get(variant.name),
         }
     return results
@@ -220,21 +231,24 @@ def report(results: dict[str, Any], args: argparse.Namespace, server: str) -> st
         f"than without: {met}** (sdk: {100 * (sdk['p50_ratio'] - 1):+.1f} % p50, "
         f"{100 * (sdk['rate_ratio'] - 1):+.1f} % time per cycle from throughput).",
         "",
-        "| variant | p50 µs | cycles/s | p50 vs off | time/cycle vs off | telemetry ns/cycle |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| variant | p50 µs | cycles/s | p50 vs off | time/cycle vs off "
+        "| CPU µs/cycle | CPU vs off | telemetry ns/cycle |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
         micro_ns = "" if r["micro_ns"] is None else f"{r['micro_ns']:,.0f}"
         lines.append(
             f"| {name} | {r['p50_us']:.1f} | {r['rate']:,.0f} | {r['p50_ratio']:.3f} | "
-            f"{r['rate_ratio']:.3f} | {micro_ns} |"
+            f"{r['rate_ratio']:.3f} | {r['cpu_us']:.1f} | {r['cpu_ratio']:.3f} | {micro_ns} |"
         )
     lines += [
         "",
         "Ratios are the median over rounds of each round's ratio to `off` (p50: higher is "
-        "slower; time/cycle: `off`'s throughput over the variant's). The last column times "
-        "the telemetry's calls for one cycle (`acquired`, a hold's begin and end) without "
-        "I/O, in a loop.",
+        "slower; time/cycle: `off`'s throughput over the variant's; CPU: the benchmark "
+        "process's CPU time per cycle, the server's not included: the work the SDK does "
+        "while the task waits for a reply shows there, not in the latency). The last column "
+        "times the telemetry's calls for one cycle (`acquired`, a hold's begin and end) "
+        "without I/O, in a loop.",
         "",
         "* `off`: `Client(telemetry=False)`, DEBUG logging off (the default): only the "
         "Observer's counters; the same as without opentelemetry-api installed.",

@@ -58,15 +58,20 @@ class Otel:
         self.tracers = TracerProvider()
         self.tracers.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.tracer = self.tracers.get_tracer("test")
+        self.telemetries: list[OtelTelemetry] = []
 
     def instrument(self, client: aiolock.Client, lock_label: Any = None) -> aiolock.Client:
         """Send ``client``'s telemetry here instead of to the global providers."""
-        client._engine.observer.telemetry = OtelTelemetry(
+        telemetry = OtelTelemetry(
             lock_label, meter_provider=self.meters, tracer_provider=self.tracers
         )
+        client._engine.observer.telemetry = telemetry
+        self.telemetries.append(telemetry)
         return client
 
     def points(self, name: str) -> list[Any]:
+        for telemetry in self.telemetries:
+            telemetry._flush()  # the histogram records due at the loop's next turn
         data = self.reader.get_metrics_data()
         found: list[Any] = []
         if data is None:
@@ -364,6 +369,7 @@ async def main():
         await task
         async with quiet.lock("quiet:1"):
             pass
+        await asyncio.sleep(0)  # the histograms are recorded at the loop's next turn
 
         names = set()
         for rm in reader.get_metrics_data().resource_metrics:

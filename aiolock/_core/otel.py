@@ -11,10 +11,10 @@ convention style, README "Metrics and traces"):
 
 * ``aiolock.lock.wait.duration``: Histogram, ``s``; kind, outcome (, name)
 * ``aiolock.lock.hold.duration``: Histogram, ``s``; kind (, name)
-* ``aiolock.lock.acquisitions``: Counter, ``{acquisition}``; kind, outcome (, name)
-* ``aiolock.lock.losses``: Counter, ``{lease}``; kind (, name)
-* ``aiolock.lock.holds``: UpDownCounter, ``{hold}``; kind (, name)
-* ``aiolock.lock.waiters``: UpDownCounter, ``{task}``; kind (, name)
+* ``aiolock.lock.acquisitions``: asynchronous Counter, ``{acquisition}``; kind, outcome (, name)
+* ``aiolock.lock.losses``: asynchronous Counter, ``{lease}``; kind (, name)
+* ``aiolock.lock.holds``: asynchronous UpDownCounter, ``{hold}``; kind (, name)
+* ``aiolock.lock.waiters``: asynchronous UpDownCounter, ``{task}``; kind (, name)
 
 * wait: from the call to its end (acquired, timed_out, cancelled or
   failed), parked or not; hold: from the grant to the release or loss.
@@ -33,19 +33,30 @@ span ``aiolock.acquire``, child of the current span, from the start of the
 acquisition to its end, with the attributes above and an ERROR status
 unless acquired. Uncontended acquisitions never make a span.
 
-Cost on the hot path: one attribute dict per (kind, outcome, label),
-cached; no span work unless the acquisition waited.
+Cost on the hot path: each SDK call costs microseconds (it hashes the
+attributes, looks for an exemplar, takes a lock), about what a tenth of a
+round trip does, so an uncontended acquire + release makes only two, the
+histograms', and makes them at the event loop's next turn, while the task
+waits for its next reply (``OtelTelemetry._record``; so their exemplars, if
+the SDK keeps any, carry no trace). The counters and up-down counters are
+*asynchronous*: the Client adds to plain dicts (``Counts``) and the SDK
+reads their sums when it collects. Attribute dicts are cached per series;
+no span work unless the acquisition waited. (benchmarks/instrumentation.py measures it.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Status, StatusCode
 
 __all__ = ["ATTRIBUTES", "INSTRUMENTS", "OtelTelemetry"]
@@ -71,12 +82,14 @@ BUCKETS = (
     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 )  # fmt: skip
 
-#: Attribute sets kept in the cache at most: a label function that is not
-#: bounded after all costs the cache no more than this (the SDK has its own
-#: cardinality limit per instrument, 2000 by default).
-CACHE_LIMIT = 1024
+#: Distinct labels a Client takes from ``lock_label`` at most; beyond them
+#: (a label function that is not bounded after all) the name is left out.
+LABEL_LIMIT = 1000
 
 log = logging.getLogger("aiolock.lock")
+
+#: (kind, outcome or "", label or None): one series.
+Key = tuple[str, str, "str | None"]
 
 
 def _version() -> str:
@@ -84,6 +97,16 @@ def _version() -> str:
         return version("aiolock")
     except PackageNotFoundError:  # run from a source tree
         return "0"
+
+
+def _attributes(key: Key) -> dict[str, str]:
+    kind, outcome, label = key
+    attrs = {KIND: kind}
+    if outcome:
+        attrs[OUTCOME] = outcome
+    if label is not None:
+        attrs[NAME] = label
+    return attrs
 
 
 def _histogram(meter: metrics.Meter, name: str, description: str) -> metrics.Histogram:
@@ -96,6 +119,122 @@ def _histogram(meter: metrics.Meter, name: str, description: str) -> metrics.His
         return meter.create_histogram(name, unit="s", description=description)
 
 
+class Counts:
+    """One Client's counts by series, which the asynchronous instruments report.
+
+    Written by the Client's event loop only; read (copied) by the metric
+    reader, possibly from its own thread.
+    """
+
+    __slots__ = ("__weakref__", "acquisitions", "holds", "losses", "waiters")
+
+    def __init__(self) -> None:
+        self.acquisitions: dict[Key, int] = {}
+        self.losses: dict[Key, int] = {}
+        self.holds: dict[Key, int] = {}
+        self.waiters: dict[Key, int] = {}
+
+
+FIELDS = ("acquisitions", "losses", "holds", "waiters")
+
+
+class Instruments:
+    """The instruments of one meter provider, shared by every Client that records there.
+
+    The counters are asynchronous: the Clients count in plain dicts
+    (``Counts``, no OpenTelemetry call on the hot path) and the reader
+    collects the sums. A Client gone (garbage collected) leaves its counts
+    to ``retired``, so the counters stay monotonic.
+    """
+
+    def __init__(self, meter: metrics.Meter) -> None:
+        self.lock = threading.Lock()
+        self.live: list[tuple[weakref.ref[Any], Counts]] = []
+        self.retired = Counts()
+        self.wait_time = _histogram(
+            meter, WAIT, "Time spent acquiring a lock, parked or not, whatever the outcome"
+        )
+        self.hold_time = _histogram(
+            meter, HOLD, "Time a lock was held, from its grant to its release or loss"
+        )
+        meter.create_observable_counter(
+            ACQUISITIONS,
+            [self.observer("acquisitions")],
+            unit="{acquisition}",
+            description="Acquisitions, by outcome: acquired, timed_out, cancelled, failed",
+        )
+        meter.create_observable_counter(
+            LOSSES, [self.observer("losses")], unit="{lease}", description="Leases lost while held"
+        )
+        meter.create_observable_up_down_counter(
+            HOLDS,
+            [self.observer("holds")],
+            unit="{hold}",
+            description="Locks held by this process right now",
+        )
+        meter.create_observable_up_down_counter(
+            WAITERS,
+            [self.observer("waiters")],
+            unit="{task}",
+            description="Tasks waiting (parked) for a lock right now",
+        )
+
+    def register(self, owner: object) -> Counts:
+        counts = Counts()
+        with self.lock:
+            self.live.append((weakref.ref(owner), counts))
+        return counts
+
+    def observer(self, field: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(value, _attributes(key)) for key, value in self.sums(field)]
+
+        return observe
+
+    def sums(self, field: str) -> list[tuple[Key, int]]:
+        with self.lock:
+            if any(ref() is None for ref, _ in self.live):
+                alive = []
+                for ref, counts in self.live:
+                    if ref() is not None:
+                        alive.append((ref, counts))
+                        continue
+                    for name in FIELDS:  # its owner is gone: nobody writes these now
+                        into = getattr(self.retired, name)
+                        for key, value in getattr(counts, name).items():
+                            into[key] = into.get(key, 0) + value
+                self.live = alive
+            sources = [self.retired, *(counts for _, counts in self.live)]
+        totals: dict[Key, int] = {}
+        for counts in sources:
+            for key, value in getattr(counts, field).copy().items():  # one C call: atomic
+                totals[key] = totals.get(key, 0) + value
+        return list(totals.items())
+
+
+_lock = threading.Lock()
+_global: Instruments | None = None
+_private: weakref.WeakKeyDictionary[metrics.MeterProvider, Instruments] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def instruments(meter_provider: metrics.MeterProvider | None) -> Instruments:
+    """The global provider's instruments (None), or a given provider's: made once each."""
+    global _global
+    with _lock:
+        if meter_provider is None:
+            if _global is None:
+                _global = Instruments(metrics.get_meter("aiolock", _version()))
+            return _global
+        found = _private.get(meter_provider)
+        if found is None:
+            found = _private[meter_provider] = Instruments(
+                meter_provider.get_meter("aiolock", _version())
+            )
+        return found
+
+
 class OtelTelemetry:
     """Records the Observer's events as OpenTelemetry metrics and spans.
 
@@ -104,16 +243,16 @@ class OtelTelemetry:
     """
 
     __slots__ = (
-        "_acquisitions",
+        "__weakref__",
         "_attrs",
         "_complained",
+        "_counts",
         "_hold_time",
-        "_holds",
         "_label",
-        "_losses",
+        "_labels",
+        "_pending",
         "_tracer",
         "_wait_time",
-        "_waiters",
     )
 
     def __init__(
@@ -124,80 +263,96 @@ class OtelTelemetry:
         tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
         self._label = lock_label
+        self._labels: set[str] = set()
         self._complained = False
-        if meter_provider is None:
-            meter = metrics.get_meter("aiolock", _version())
-        else:
-            meter = meter_provider.get_meter("aiolock", _version())
-        self._wait_time = _histogram(
-            meter, WAIT, "Time spent acquiring a lock, parked or not, whatever the outcome"
-        )
-        self._hold_time = _histogram(
-            meter, HOLD, "Time a lock was held, from its grant to its release or loss"
-        )
-        self._acquisitions = meter.create_counter(
-            ACQUISITIONS,
-            unit="{acquisition}",
-            description="Acquisitions, by outcome: acquired, timed_out, cancelled, failed",
-        )
-        self._losses = meter.create_counter(
-            LOSSES, unit="{lease}", description="Leases lost while held"
-        )
-        self._holds = meter.create_up_down_counter(
-            HOLDS, unit="{hold}", description="Locks held by this process right now"
-        )
-        self._waiters = meter.create_up_down_counter(
-            WAITERS, unit="{task}", description="Tasks waiting (parked) for a lock right now"
-        )
+        shared = instruments(meter_provider)
+        self._counts = shared.register(self)
+        self._wait_time = shared.wait_time
+        self._hold_time = shared.hold_time
         self._tracer = trace.get_tracer("aiolock", _version(), tracer_provider)
-        # One attribute dict per (kind, outcome, label): no allocation per event.
-        self._attrs: dict[tuple[str, str, str | None], dict[str, str]] = {}
+        # One attribute dict per series: no allocation per event.
+        self._attrs: dict[Key, dict[str, str]] = {}
+        # Histogram records not made yet (see ``_record``).
+        self._pending: list[tuple[metrics.Histogram, float, dict[str, str]]] = []
+
+    def _record(self, histogram: metrics.Histogram, seconds: float, attrs: dict[str, str]) -> None:
+        """Record at the event loop's next turn, not now.
+
+        The task that acquired or released goes on at once (to its next
+        round trip, most often), and the SDK's few microseconds per record
+        run while the loop would otherwise wait for a reply. Records made
+        in one turn are made together; a loop closed before its next turn
+        drops them.
+        """
+        pending = self._pending
+        pending.append((histogram, seconds, attrs))
+        if len(pending) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self._flush)
+            except RuntimeError:  # no loop running (a hold ended at shutdown)
+                self._flush()
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for histogram, seconds, attrs in pending:
+            histogram.record(seconds, attrs)
+
+    def _complain(self, message: str, *args: object, exc_info: bool = False) -> None:
+        if not self._complained:
+            self._complained = True
+            log.error(
+                message + ": metrics and spans are recorded without aiolock.lock.name "
+                "when it does (logged once)",
+                *args,
+                exc_info=exc_info,
+            )
 
     def _labelled(self, name: str) -> str | None:
         label: Any
         try:
             label = self._label(name) if self._label is not None else None
         except Exception:
-            if not self._complained:
-                self._complained = True
-                log.exception(
-                    "lock_label raised for the lock name %r: metrics and spans are "
-                    "recorded without aiolock.lock.name when it does (logged once)",
-                    name,
-                )
+            self._complain("lock_label raised for the lock name %r", name, exc_info=True)
             return None
-        if label is None or type(label) is str:
-            return label
-        if not self._complained:
-            self._complained = True
-            log.error(
-                "lock_label returned %r (a %s) for the lock name %r, not a str or None: "
-                "metrics and spans are recorded without aiolock.lock.name when it does "
-                "(logged once)",
+        if label is None:
+            return None
+        if type(label) is not str:
+            self._complain(
+                "lock_label returned %r (a %s) for the lock name %r, not a str or None",
                 label,
                 type(label).__name__,
                 name,
             )
-        return None
+            return None
+        if label in self._labels:
+            return label
+        if len(self._labels) >= LABEL_LIMIT:
+            self._complain(
+                "lock_label returned more than %d distinct labels (now %r for %r): "
+                "it must map lock names to a bounded set",
+                LABEL_LIMIT,
+                label,
+                name,
+            )
+            return None
+        self._labels.add(label)
+        return label
 
-    def _attributes(self, kind: str, outcome: str, name: str) -> dict[str, str]:
-        label = self._labelled(name) if self._label is not None else None
-        key = (kind, outcome, label)
+    def _key(self, kind: str, outcome: str, name: str) -> Key:
+        return (kind, outcome, self._labelled(name) if self._label is not None else None)
+
+    def _attributes(self, key: Key) -> dict[str, str]:
         attrs = self._attrs.get(key)
         if attrs is None:
-            attrs = {KIND: kind}
-            if outcome:
-                attrs[OUTCOME] = outcome
-            if label is not None:
-                attrs[NAME] = label
-            if len(self._attrs) < CACHE_LIMIT:
-                self._attrs[key] = attrs
+            attrs = self._attrs[key] = _attributes(key)
         return attrs
 
     def acquired(self, kind: str, name: str, outcome: str, seconds: float, waited: bool) -> None:
-        attrs = self._attributes(kind, outcome, name)
-        self._wait_time.record(seconds, attrs)
-        self._acquisitions.add(1, attrs)
+        key = self._key(kind, outcome, name)
+        attrs = self._attributes(key)
+        self._record(self._wait_time, seconds, attrs)
+        counts = self._counts.acquisitions
+        counts[key] = counts.get(key, 0) + 1
         if waited and trace.get_current_span().get_span_context().is_valid:
             end = time.time_ns()
             span = self._tracer.start_span(
@@ -208,13 +363,18 @@ class OtelTelemetry:
             span.end(end_time=end)
 
     def waiting(self, kind: str, name: str, delta: int) -> None:
-        self._waiters.add(delta, self._attributes(kind, "", name))
+        key = self._key(kind, "", name)
+        counts = self._counts.waiters
+        counts[key] = counts.get(key, 0) + delta
 
     def held(self, kind: str, name: str, delta: int, seconds: float) -> None:
-        attrs = self._attributes(kind, "", name)
-        self._holds.add(delta, attrs)
+        key = self._key(kind, "", name)
+        counts = self._counts.holds
+        counts[key] = counts.get(key, 0) + delta
         if delta < 0:
-            self._hold_time.record(seconds, attrs)
+            self._record(self._hold_time, seconds, self._attributes(key))
 
     def lost(self, kind: str, name: str) -> None:
-        self._losses.add(1, self._attributes(kind, "", name))
+        key = self._key(kind, "", name)
+        counts = self._counts.losses
+        counts[key] = counts.get(key, 0) + 1
