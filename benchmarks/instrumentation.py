@@ -93,7 +93,6 @@ async def cycles(
         samples.append(t1 - t0)
         if t1 >= end:
             break
-    await asyncio.sleep(0)  # the last deferred records
     elapsed = clock() - began
     cpu_us = (time.process_time_ns() - cpu) / 1000.0 / len(samples)
     return statistics.median(samples) / 1000.0, len(samples) / (elapsed / 1e9), cpu_us
@@ -245,8 +244,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, server: str) -> st
         "",
         "Ratios are the median over rounds of each round's ratio to `off` (p50: higher is "
         "slower; time/cycle: `off`'s throughput over the variant's; CPU: the benchmark "
-        "process's CPU time per cycle, the server's not included: the work the SDK does "
-        "while the task waits for a reply shows there, not in the latency). The last column "
+        "process's CPU time per cycle, the server's not included). The last column "
         "times the telemetry's calls for one cycle (`acquired`, a hold's begin and end) "
         "without I/O, in a loop.",
         "",

@@ -11,10 +11,12 @@ checked in subprocesses.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import subprocess
 import sys
 import textwrap
+import weakref
 from typing import Any
 
 import pytest
@@ -34,6 +36,7 @@ from aiolock._core.otel import (
     HOLD,
     HOLDS,
     KIND,
+    LABEL_LIMIT,
     LOSSES,
     NAME,
     OUTCOME,
@@ -58,20 +61,15 @@ class Otel:
         self.tracers = TracerProvider()
         self.tracers.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.tracer = self.tracers.get_tracer("test")
-        self.telemetries: list[OtelTelemetry] = []
 
     def instrument(self, client: aiolock.Client, lock_label: Any = None) -> aiolock.Client:
         """Send ``client``'s telemetry here instead of to the global providers."""
-        telemetry = OtelTelemetry(
+        client._engine.observer.telemetry = OtelTelemetry(
             lock_label, meter_provider=self.meters, tracer_provider=self.tracers
         )
-        client._engine.observer.telemetry = telemetry
-        self.telemetries.append(telemetry)
         return client
 
     def points(self, name: str) -> list[Any]:
-        for telemetry in self.telemetries:
-            telemetry._flush()  # the histogram records due at the loop's next turn
         data = self.reader.get_metrics_data()
         found: list[Any] = []
         if data is None:
@@ -219,6 +217,26 @@ async def test_kinds_are_told_apart(client: aiolock.Client, otel: Otel) -> None:
     assert kinds == {"read_lock", "semaphore"}
 
 
+async def test_counters_add_up_over_clients_and_outlive_them(
+    make_client: Any, otel: Otel
+) -> None:
+    first = otel.instrument(await make_client())
+    second = otel.instrument(await make_client())
+    async with first.lock("a"), second.lock("b"):
+        assert otel.value(HOLDS, kind="lock") == 2
+    assert otel.value(ACQUISITIONS, kind="lock", outcome="acquired") == 2
+    await first.aclose()
+    telemetry = weakref.ref(first._engine.observer.telemetry)
+    first._engine.observer.telemetry = None
+    gc.collect()
+    assert telemetry() is None
+    # A counter never goes down: the counts of a Client gone are kept.
+    assert otel.value(ACQUISITIONS, kind="lock", outcome="acquired") == 2
+    async with second.lock("b"):
+        pass
+    assert otel.value(ACQUISITIONS, kind="lock", outcome="acquired") == 3
+
+
 # --------------------------------------------------------------------------- lock_label
 
 
@@ -248,6 +266,17 @@ async def test_a_broken_lock_label_never_breaks_an_acquisition(
     assert all(NAME not in attrs for attrs in otel.attribute_sets())
     complaints = [r for r in caplog.records if "lock_label" in r.getMessage()]
     assert len(complaints) == 1, complaints  # once, not per event
+
+
+def test_an_unbounded_lock_label_is_capped(otel: Otel, caplog: pytest.LogCaptureFixture) -> None:
+    telemetry = OtelTelemetry(lambda name: name, meter_provider=otel.meters)
+    with caplog.at_level(logging.ERROR, logger="aiolock.lock"):
+        for order in range(LABEL_LIMIT + 10):
+            telemetry.acquired("lock", f"order:{order}", "acquired", 0.001, False)
+    names = {attrs.get(NAME) for attrs in otel.attribute_sets()}
+    assert len(names) == LABEL_LIMIT + 1 and None in names  # the rest: without a name
+    assert otel.value(ACQUISITIONS) == LABEL_LIMIT + 10
+    assert len([r for r in caplog.records if "distinct labels" in r.getMessage()]) == 1
 
 
 # --------------------------------------------------------------------------- spans
@@ -369,7 +398,6 @@ async def main():
         await task
         async with quiet.lock("quiet:1"):
             pass
-        await asyncio.sleep(0)  # the histograms are recorded at the loop's next turn
 
         names = set()
         for rm in reader.get_metrics_data().resource_metrics:

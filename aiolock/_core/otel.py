@@ -35,10 +35,8 @@ unless acquired. Uncontended acquisitions never make a span.
 
 Cost on the hot path: each SDK call costs microseconds (it hashes the
 attributes, looks for an exemplar, takes a lock), about what a tenth of a
-round trip does, so an uncontended acquire + release makes only two, the
-histograms', and makes them at the event loop's next turn, while the task
-waits for its next reply (``OtelTelemetry._record``; so their exemplars, if
-the SDK keeps any, carry no trace). The counters and up-down counters are
+round trip does (about 80 Python calls), so an uncontended acquire +
+release makes only two, the histograms'. The counters and up-down counters are
 *asynchronous*: the Client adds to plain dicts (``Counts``) and the SDK
 reads their sums when it collects. Attribute dicts are cached per series;
 no span work unless the acquisition waited. (benchmarks/instrumentation.py measures it.)
@@ -46,7 +44,6 @@ no span work unless the acquisition waited. (benchmarks/instrumentation.py measu
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -250,7 +247,6 @@ class OtelTelemetry:
         "_hold_time",
         "_label",
         "_labels",
-        "_pending",
         "_tracer",
         "_wait_time",
     )
@@ -272,30 +268,6 @@ class OtelTelemetry:
         self._tracer = trace.get_tracer("aiolock", _version(), tracer_provider)
         # One attribute dict per series: no allocation per event.
         self._attrs: dict[Key, dict[str, str]] = {}
-        # Histogram records not made yet (see ``_record``).
-        self._pending: list[tuple[metrics.Histogram, float, dict[str, str]]] = []
-
-    def _record(self, histogram: metrics.Histogram, seconds: float, attrs: dict[str, str]) -> None:
-        """Record at the event loop's next turn, not now.
-
-        The task that acquired or released goes on at once (to its next
-        round trip, most often), and the SDK's few microseconds per record
-        run while the loop would otherwise wait for a reply. Records made
-        in one turn are made together; a loop closed before its next turn
-        drops them.
-        """
-        pending = self._pending
-        pending.append((histogram, seconds, attrs))
-        if len(pending) == 1:
-            try:
-                asyncio.get_running_loop().call_soon(self._flush)
-            except RuntimeError:  # no loop running (a hold ended at shutdown)
-                self._flush()
-
-    def _flush(self) -> None:
-        pending, self._pending = self._pending, []
-        for histogram, seconds, attrs in pending:
-            histogram.record(seconds, attrs)
 
     def _complain(self, message: str, *args: object, exc_info: bool = False) -> None:
         if not self._complained:
@@ -350,7 +322,7 @@ class OtelTelemetry:
     def acquired(self, kind: str, name: str, outcome: str, seconds: float, waited: bool) -> None:
         key = self._key(kind, outcome, name)
         attrs = self._attributes(key)
-        self._record(self._wait_time, seconds, attrs)
+        self._wait_time.record(seconds, attrs)
         counts = self._counts.acquisitions
         counts[key] = counts.get(key, 0) + 1
         if waited and trace.get_current_span().get_span_context().is_valid:
@@ -372,7 +344,7 @@ class OtelTelemetry:
         counts = self._counts.holds
         counts[key] = counts.get(key, 0) + delta
         if delta < 0:
-            self._record(self._hold_time, seconds, self._attributes(key))
+            self._hold_time.record(seconds, self._attributes(key))
 
     def lost(self, kind: str, name: str) -> None:
         key = self._key(kind, "", name)
