@@ -416,6 +416,11 @@ asyncio.run(main())
 """
 
 
+# Import-time behaviour, in subprocesses (seconds each under load): one server kind is enough.
+ONE_SERVER = pytest.mark.parametrize("server", ["redis"], indirect=True)
+
+
+@ONE_SERVER
 def test_the_global_providers_are_used_even_when_set_after_the_client(url: str) -> None:
     out = run_python(GLOBALS, url)
     assert "wait acquired 2\n" in out, out
@@ -452,6 +457,7 @@ print("ok")
 """
 
 
+@ONE_SERVER
 @pytest.mark.parametrize("how", ["blocked", "off"])
 def test_nothing_of_opentelemetry_is_imported_without_it_or_when_off(url: str, how: str) -> None:
     """Not installed: aiolock works and imports nothing; ``telemetry=False``: not loaded."""
