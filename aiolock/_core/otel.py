@@ -33,13 +33,14 @@ span ``aiolock.acquire``, child of the current span, from the start of the
 acquisition to its end, with the attributes above and an ERROR status
 unless acquired. Uncontended acquisitions never make a span.
 
-Cost on the hot path: each SDK call costs microseconds (it hashes the
-attributes, looks for an exemplar, takes a lock), about what a tenth of a
-round trip does (about 80 Python calls), so an uncontended acquire +
-release makes only two, the histograms'. The counters and up-down counters are
-*asynchronous*: the Client adds to plain dicts (``Counts``) and the SDK
-reads their sums when it collects. Attribute dicts are cached per series;
-no span work unless the acquisition waited. (benchmarks/instrumentation.py measures it.)
+Cost on the hot path: one SDK record is about 80 Python calls (it cleans
+and hashes the attributes, looks for an exemplar, takes a lock), a good
+part of what an acquire + release costs the client, so an uncontended
+acquire + release makes only two, the histograms'. The counters and
+up-down counters are *asynchronous*: the Client adds to plain dicts
+(``Counts``) and the SDK reads their sums when it collects. Attribute dicts
+are cached per series; no span work unless the acquisition waited.
+``benchmarks/instrumentation.py`` measures it.
 """
 
 from __future__ import annotations
