@@ -131,3 +131,21 @@ def test_unknown_cluster_server_is_rejected_before_starting() -> None:
     )  # fmt: skip
     assert proc.returncode != 0
     assert "memcached" in proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_quick_instrumentation_benchmark_writes_results(tmp_path: Path) -> None:
+    if _server_binary() is None:
+        pytest.skip("redis-server not on PATH (and AIOLOCK_BENCH_SERVER not set)")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.instrumentation", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=110,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = (tmp_path / "RESULTS_INSTRUMENTATION.md").read_text()
+    assert "# Instrumentation overhead (issue 13)" in results
+    assert "**Target: uncontended acquire + release with the SDK's metrics on" in results
+    for variant in ("off", "api", "sdk", "sdk+label", "sdk+trace", "debug-log"):
+        assert f"\n| {variant} | " in results, results
+    assert [p.name for p in tmp_path.iterdir()] == ["RESULTS_INSTRUMENTATION.md"]

@@ -113,6 +113,23 @@ def test_web_app_scripts(url: str, script: str) -> None:
     assert re.search(r"409 \{'detail': 'order \d+ is busy, try again'\}", out), out
 
 
+def test_otel_prometheus_script_exports_the_wait_time_histogram(url: str) -> None:
+    out = run_example("otel_prometheus.py", url)
+    assert "[200, 200, 200, 200, 200, 200, 200, 200, 200, 200]" in out, out
+    series = 'aiolock_lock_kind="lock",aiolock_lock_name="order",aiolock_lock_outcome="acquired"'
+    buckets = re.findall(
+        rf'^  aiolock_lock_wait_duration_seconds_bucket\{{{series},le="([^"]+)".*\}} (\S+)$',
+        out,
+        re.MULTILINE,
+    )
+    assert [le for le, _ in buckets][:3] == ["0.0005", "0.001", "0.0025"], out  # our buckets
+    assert buckets[-1] == ("+Inf", "10.0"), out
+    assert re.search(rf"^  aiolock_lock_acquisitions_total\{{{series},.*\}} 10.0$", out, re.M), out
+    assert re.search(r"^  aiolock_lock_hold_duration_seconds_count\{.*\} 10.0$", out, re.M), out
+    assert re.search(r"^  aiolock_lock_waiters\{.*\} 0.0$", out, re.M), out
+    assert "order:" not in out.split("GET /metrics")[1], out  # no raw lock names
+
+
 # --------------------------------------------------------------------------- FastAPI in-process
 
 

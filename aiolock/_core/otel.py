@@ -1,52 +1,93 @@
 """OpenTelemetry metrics and spans (imported only when ``opentelemetry-api`` is installed).
 
-``OtelTelemetry`` is the ``Telemetry`` of observe.py over the global meter
-and tracer providers: with only the API installed (no SDK configured) its
-instruments are OpenTelemetry's no-ops.
+``OtelTelemetry`` is the ``Telemetry`` of observe.py over the *global* meter
+and tracer providers. Made before the application configured them, its
+instruments are the API's proxies, which start recording the moment
+``metrics.set_meter_provider`` / ``trace.set_tracer_provider`` is called;
+with only the API installed (no SDK configured) they are no-ops.
 
-Instruments (all under the meter ``aiolock``):
+Instruments (meter ``aiolock``; names stable, in OpenTelemetry's semantic
+convention style, README "Metrics and traces"):
 
-* ``aiolock.lock.wait_time`` (histogram, s): time spent in an acquisition,
-  by kind and outcome;
-* ``aiolock.lock.hold_time`` (histogram, s): time from a hold's grant to
-  its end (release or loss), by kind;
-* ``aiolock.lock.acquisitions`` (counter): acquisitions by kind and outcome
-  (acquired, timed_out, cancelled, failed);
-* ``aiolock.lock.lost`` (counter): leases lost, by kind;
-* ``aiolock.lock.holds`` (up-down counter): holds of this process right now;
-* ``aiolock.lock.waiting`` (up-down counter): tasks waiting for a lock right now.
+* ``aiolock.lock.wait.duration``: Histogram, ``s``; kind, outcome (, name)
+* ``aiolock.lock.hold.duration``: Histogram, ``s``; kind (, name)
+* ``aiolock.lock.acquisitions``: asynchronous Counter, ``{acquisition}``; kind, outcome (, name)
+* ``aiolock.lock.losses``: asynchronous Counter, ``{lease}``; kind (, name)
+* ``aiolock.lock.holds``: asynchronous UpDownCounter, ``{hold}``; kind (, name)
+* ``aiolock.lock.waiters``: asynchronous UpDownCounter, ``{task}``; kind (, name)
 
-Attributes: ``aiolock.lock.kind``, ``aiolock.lock.outcome`` and, only when
-the Client was given ``lock_label``, ``aiolock.lock.name`` with the label it
-returned for the lock's name (never the raw name: ``order:<id>`` names would
-explode cardinality).
+* wait: from the call to its end (acquired, timed_out, cancelled or
+  failed), parked or not; hold: from the grant to the release or loss.
+* ``aiolock.lock.kind``: the primitive ("lock", "fair_lock", "read_lock",
+  ...); ``aiolock.lock.outcome``: acquired, timed_out, cancelled, failed;
+  ``aiolock.lock.name``: only with ``Client(lock_label=...)``, the label the
+  user's function returned for the lock's name (never the raw name:
+  ``order:<id>`` names would explode the series). A label function that
+  raises or returns something other than a str (or None) never breaks an
+  acquisition: it is logged once on ``aiolock.lock`` and the event is
+  recorded without a name.
 
-Spans: an acquisition that had to wait, when a span is current (so an idle
-service, or one without tracing, emits nothing), gets a span
-``aiolock.acquire`` from the start of the acquisition to its end, with the
-attributes above (and ``error`` status unless acquired).
+Spans: an acquisition that had to wait (parked), when a span is current
+(so an idle service, or one that does not trace, emits nothing), gets a
+span ``aiolock.acquire``, child of the current span, from the start of the
+acquisition to its end, with the attributes above and an ERROR status
+unless acquired. Uncontended acquisitions never make a span.
+
+Cost on the hot path: one SDK record is about 80 Python calls (it cleans
+and hashes the attributes, looks for an exemplar, takes a lock), a good
+part of what an acquire + release costs the client, so an uncontended
+acquire + release makes only two, the histograms'. The counters and
+up-down counters are *asynchronous*: the Client adds to plain dicts
+(``Counts``) and the SDK reads their sums when it collects. Attribute dicts
+are cached per series; no span work unless the acquisition waited.
+``benchmarks/instrumentation.py`` measures it.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterable
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Status, StatusCode
 
-__all__ = ["OtelTelemetry"]
+__all__ = ["ATTRIBUTES", "INSTRUMENTS", "OtelTelemetry"]
 
 KIND = "aiolock.lock.kind"
 OUTCOME = "aiolock.lock.outcome"
 NAME = "aiolock.lock.name"
+ATTRIBUTES = (KIND, OUTCOME, NAME)
 
-#: Seconds: from sub-millisecond local handoffs to waits of minutes.
+WAIT = "aiolock.lock.wait.duration"
+HOLD = "aiolock.lock.hold.duration"
+ACQUISITIONS = "aiolock.lock.acquisitions"
+LOSSES = "aiolock.lock.losses"
+HOLDS = "aiolock.lock.holds"
+WAITERS = "aiolock.lock.waiters"
+INSTRUMENTS = (WAIT, HOLD, ACQUISITIONS, LOSSES, HOLDS, WAITERS)
+
+SPAN = "aiolock.acquire"
+
+#: Seconds: from sub-millisecond acquisitions to waits of minutes.
 BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 )  # fmt: skip
+
+#: Distinct labels a Client takes from ``lock_label`` at most; beyond them
+#: (a label function that is not bounded after all) the name is left out.
+LABEL_LIMIT = 1000
+
+log = logging.getLogger("aiolock.lock")
+
+#: (kind, outcome or "", label or None): one series.
+Key = tuple[str, str, "str | None"]
 
 
 def _version() -> str:
@@ -56,88 +97,257 @@ def _version() -> str:
         return "0"
 
 
-class OtelTelemetry:
-    """Records the Observer's events as OpenTelemetry metrics and spans."""
+def _attributes(key: Key) -> dict[str, str]:
+    kind, outcome, label = key
+    attrs = {KIND: kind}
+    if outcome:
+        attrs[OUTCOME] = outcome
+    if label is not None:
+        attrs[NAME] = label
+    return attrs
 
-    __slots__ = (
-        "_acquisitions",
-        "_attrs",
-        "_hold_time",
-        "_holds",
-        "_label",
-        "_lost",
-        "_tracer",
-        "_wait_time",
-        "_waiting",
-    )
 
-    def __init__(self, lock_label: Callable[[str], str | None] | None) -> None:
-        self._label = lock_label
-        meter = metrics.get_meter("aiolock", _version())
-        self._wait_time = meter.create_histogram(
-            "aiolock.lock.wait_time",
-            unit="s",
-            description="Time spent acquiring a lock, whatever the outcome",
-            explicit_bucket_boundaries_advisory=list(BUCKETS),
+def _histogram(meter: metrics.Meter, name: str, description: str) -> metrics.Histogram:
+    """A histogram in seconds with our buckets as advice (API >= 1.30; older: the SDK's)."""
+    try:
+        return meter.create_histogram(
+            name, unit="s", description=description, explicit_bucket_boundaries_advisory=BUCKETS
         )
-        self._hold_time = meter.create_histogram(
-            "aiolock.lock.hold_time",
-            unit="s",
-            description="Time a lock was held, from its grant to its release or loss",
-            explicit_bucket_boundaries_advisory=list(BUCKETS),
+    except TypeError:  # opentelemetry-api < 1.30: no advisory parameter
+        return meter.create_histogram(name, unit="s", description=description)
+
+
+class Counts:
+    """One Client's counts by series, which the asynchronous instruments report.
+
+    Written by the Client's event loop only; read (copied) by the metric
+    reader, possibly from its own thread.
+    """
+
+    __slots__ = ("__weakref__", "acquisitions", "holds", "losses", "waiters")
+
+    def __init__(self) -> None:
+        self.acquisitions: dict[Key, int] = {}
+        self.losses: dict[Key, int] = {}
+        self.holds: dict[Key, int] = {}
+        self.waiters: dict[Key, int] = {}
+
+
+FIELDS = ("acquisitions", "losses", "holds", "waiters")
+
+
+class Instruments:
+    """The instruments of one meter provider, shared by every Client that records there.
+
+    The counters are asynchronous: the Clients count in plain dicts
+    (``Counts``, no OpenTelemetry call on the hot path) and the reader
+    collects the sums. A Client gone (garbage collected) leaves its counts
+    to ``retired``, so the counters stay monotonic.
+    """
+
+    def __init__(self, meter: metrics.Meter) -> None:
+        self.lock = threading.Lock()
+        self.live: list[tuple[weakref.ref[Any], Counts]] = []
+        self.retired = Counts()
+        self.wait_time = _histogram(
+            meter, WAIT, "Time spent acquiring a lock, parked or not, whatever the outcome"
         )
-        self._acquisitions = meter.create_counter(
-            "aiolock.lock.acquisitions",
+        self.hold_time = _histogram(
+            meter, HOLD, "Time a lock was held, from its grant to its release or loss"
+        )
+        meter.create_observable_counter(
+            ACQUISITIONS,
+            [self.observer("acquisitions")],
             unit="{acquisition}",
             description="Acquisitions, by outcome: acquired, timed_out, cancelled, failed",
         )
-        self._lost = meter.create_counter(
-            "aiolock.lock.lost", unit="{lease}", description="Leases lost while held"
+        meter.create_observable_counter(
+            LOSSES, [self.observer("losses")], unit="{lease}", description="Leases lost while held"
         )
-        self._holds = meter.create_up_down_counter(
-            "aiolock.lock.holds", unit="{hold}", description="Locks held by this process"
+        meter.create_observable_up_down_counter(
+            HOLDS,
+            [self.observer("holds")],
+            unit="{hold}",
+            description="Locks held by this process right now",
         )
-        self._waiting = meter.create_up_down_counter(
-            "aiolock.lock.waiting", unit="{task}", description="Tasks waiting for a lock"
+        meter.create_observable_up_down_counter(
+            WAITERS,
+            [self.observer("waiters")],
+            unit="{task}",
+            description="Tasks waiting (parked) for a lock right now",
         )
-        self._tracer = trace.get_tracer("aiolock", _version())
-        # One attribute dict per (kind, outcome, label): no allocation per event.
-        self._attrs: dict[tuple[str, str, str | None], dict[str, str]] = {}
 
-    def _attributes(self, kind: str, outcome: str, name: str) -> dict[str, str]:
-        label = self._label(name) if self._label is not None else None
-        key = (kind, outcome, label)
+    def register(self, owner: object) -> Counts:
+        counts = Counts()
+        with self.lock:
+            self.live.append((weakref.ref(owner), counts))
+        return counts
+
+    def observer(self, field: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(value, _attributes(key)) for key, value in self.sums(field)]
+
+        return observe
+
+    def sums(self, field: str) -> list[tuple[Key, int]]:
+        with self.lock:
+            if any(ref() is None for ref, _ in self.live):
+                alive = []
+                for ref, counts in self.live:
+                    if ref() is not None:
+                        alive.append((ref, counts))
+                        continue
+                    for name in FIELDS:  # its owner is gone: nobody writes these now
+                        into = getattr(self.retired, name)
+                        for key, value in getattr(counts, name).items():
+                            into[key] = into.get(key, 0) + value
+                self.live = alive
+            sources = [self.retired, *(counts for _, counts in self.live)]
+        totals: dict[Key, int] = {}
+        for counts in sources:
+            for key, value in getattr(counts, field).copy().items():  # one C call: atomic
+                totals[key] = totals.get(key, 0) + value
+        return list(totals.items())
+
+
+_lock = threading.Lock()
+_global: Instruments | None = None
+_private: weakref.WeakKeyDictionary[metrics.MeterProvider, Instruments] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def instruments(meter_provider: metrics.MeterProvider | None) -> Instruments:
+    """The global provider's instruments (None), or a given provider's: made once each."""
+    global _global
+    with _lock:
+        if meter_provider is None:
+            if _global is None:
+                _global = Instruments(metrics.get_meter("aiolock", _version()))
+            return _global
+        found = _private.get(meter_provider)
+        if found is None:
+            found = _private[meter_provider] = Instruments(
+                meter_provider.get_meter("aiolock", _version())
+            )
+        return found
+
+
+class OtelTelemetry:
+    """Records the Observer's events as OpenTelemetry metrics and spans.
+
+    ``meter_provider`` / ``tracer_provider``: for tests only; the library
+    always uses the global ones (None).
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_attrs",
+        "_complained",
+        "_counts",
+        "_hold_time",
+        "_label",
+        "_labels",
+        "_tracer",
+        "_wait_time",
+    )
+
+    def __init__(
+        self,
+        lock_label: Callable[[str], str | None] | None,
+        *,
+        meter_provider: metrics.MeterProvider | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
+        self._label = lock_label
+        self._labels: set[str] = set()
+        self._complained = False
+        shared = instruments(meter_provider)
+        self._counts = shared.register(self)
+        self._wait_time = shared.wait_time
+        self._hold_time = shared.hold_time
+        self._tracer = trace.get_tracer("aiolock", _version(), tracer_provider)
+        # One attribute dict per series: no allocation per event.
+        self._attrs: dict[Key, dict[str, str]] = {}
+
+    def _complain(self, message: str, *args: object, exc_info: bool = False) -> None:
+        if not self._complained:
+            self._complained = True
+            log.error(
+                message + ": metrics and spans are recorded without aiolock.lock.name "
+                "when it does (logged once)",
+                *args,
+                exc_info=exc_info,
+            )
+
+    def _labelled(self, name: str) -> str | None:
+        label: Any
+        try:
+            label = self._label(name) if self._label is not None else None
+        except Exception:
+            self._complain("lock_label raised for the lock name %r", name, exc_info=True)
+            return None
+        if label is None:
+            return None
+        if type(label) is not str:
+            self._complain(
+                "lock_label returned %r (a %s) for the lock name %r, not a str or None",
+                label,
+                type(label).__name__,
+                name,
+            )
+            return None
+        if label in self._labels:
+            return label
+        if len(self._labels) >= LABEL_LIMIT:
+            self._complain(
+                "lock_label returned more than %d distinct labels (now %r for %r): "
+                "it must map lock names to a bounded set",
+                LABEL_LIMIT,
+                label,
+                name,
+            )
+            return None
+        self._labels.add(label)
+        return label
+
+    def _key(self, kind: str, outcome: str, name: str) -> Key:
+        return (kind, outcome, self._labelled(name) if self._label is not None else None)
+
+    def _attributes(self, key: Key) -> dict[str, str]:
         attrs = self._attrs.get(key)
         if attrs is None:
-            attrs = {KIND: kind}
-            if outcome:
-                attrs[OUTCOME] = outcome
-            if label is not None:
-                attrs[NAME] = str(label)
-            self._attrs[key] = attrs
+            attrs = self._attrs[key] = _attributes(key)
         return attrs
 
     def acquired(self, kind: str, name: str, outcome: str, seconds: float, waited: bool) -> None:
-        attrs = self._attributes(kind, outcome, name)
+        key = self._key(kind, outcome, name)
+        attrs = self._attributes(key)
         self._wait_time.record(seconds, attrs)
-        self._acquisitions.add(1, attrs)
+        counts = self._counts.acquisitions
+        counts[key] = counts.get(key, 0) + 1
         if waited and trace.get_current_span().get_span_context().is_valid:
             end = time.time_ns()
             span = self._tracer.start_span(
-                "aiolock.acquire", start_time=end - int(seconds * 1e9), attributes=attrs
+                SPAN, start_time=end - int(seconds * 1e9), attributes=attrs
             )
             if outcome != "acquired":
                 span.set_status(Status(StatusCode.ERROR, outcome))
             span.end(end_time=end)
 
     def waiting(self, kind: str, name: str, delta: int) -> None:
-        self._waiting.add(delta, self._attributes(kind, "", name))
+        key = self._key(kind, "", name)
+        counts = self._counts.waiters
+        counts[key] = counts.get(key, 0) + delta
 
     def held(self, kind: str, name: str, delta: int, seconds: float) -> None:
-        attrs = self._attributes(kind, "", name)
-        self._holds.add(delta, attrs)
+        key = self._key(kind, "", name)
+        counts = self._counts.holds
+        counts[key] = counts.get(key, 0) + delta
         if delta < 0:
-            self._hold_time.record(seconds, attrs)
+            self._hold_time.record(seconds, self._attributes(key))
 
     def lost(self, kind: str, name: str) -> None:
-        self._lost.add(1, self._attributes(kind, "", name))
+        key = self._key(kind, "", name)
+        counts = self._counts.losses
+        counts[key] = counts.get(key, 0) + 1
