@@ -135,7 +135,7 @@ from ._core.errors import (
 from ._core.keys import RedlockKeys
 from ._core.lease import Hold, Lease, LostCallback
 from ._core.notify import Waiter
-from ._core.observe import CLIENT_CLOSED, Observer
+from ._core.observe import CLIENT_CLOSED, FIXED_LEASE_EXPIRED, Observer
 from ._core.outage import Outage
 from ._core.validate import check_name, to_ms
 from ._primitives.base import TRANSIENT, Acquirable, _Entry, compete, current_task
@@ -449,7 +449,7 @@ class Redlock:
             hold.expires_at = new_expiry
             if hold.timer is not None:
                 hold.timer.cancel()
-                hold.timer = loop.call_at(new_expiry, hold.gone, "the fixed lease expired")
+                hold.timer = loop.call_at(new_expiry, hold.gone, FIXED_LEASE_EXPIRED)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -1152,7 +1152,7 @@ class RedlockLock(Acquirable[Lease]):
         if lease is None:
             rl._watch(hold)
         else:
-            hold.timer = loop.call_at(valid_until, hold.gone, "the fixed lease expired")
+            hold.timer = loop.call_at(valid_until, hold.gone, FIXED_LEASE_EXPIRED)
         return hold.new_lease()
 
     async def release(self) -> None:

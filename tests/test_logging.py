@@ -19,9 +19,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from aiolock import Client, ConnectionFailedError
+from aiolock._core.notify import Waiter
 from aiolock._core.outage import Outage
+from aiolock._primitives.base import compete
 from tests.core_util import eventually, pubsub_subscribers
 from tests.servers import RedisServer, ServerProcess
 
@@ -300,6 +303,58 @@ async def test_trace_formats_nothing_when_debug_is_off(
 
 
 # --------------------------------------------------------------------------- docs
+
+
+async def test_waiting_tasks_outage_lasts_until_the_last_failing_task_recovers(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One outage of the waiting tasks is one WARNING and one INFO, however
+    many replies other tasks get meanwhile: a lock whose node is down (here:
+    tries that fail until a gate opens) while other locks' tries are answered
+    (one cluster master down, the others up) does not flap WARNING/INFO."""
+    caplog.set_level(logging.INFO, logger="aiolock.lock")
+    await client.lock("warm").is_locked()  # the Client is bound to this loop
+    engine = client._engine
+    loop = asyncio.get_running_loop()
+    down = True
+    failed = 0
+
+    async def on_a_node_that_is_down() -> tuple[int | None, float | None]:
+        nonlocal failed
+        if down:
+            failed += 1
+            raise RedisConnectionError("node down")
+        return 1, None
+
+    async def answered() -> tuple[int | None, float | None]:
+        return 1, None
+
+    def no_waiter() -> Waiter:
+        raise AssertionError("nothing waits here: every try is answered or fails")
+
+    blocked = asyncio.create_task(
+        compete(
+            engine,
+            what="lock 'down'",
+            deadline=loop.time() + 60.0,
+            attempt=on_a_node_that_is_down,
+            waiter=no_waiter,
+        )
+    )
+    await eventually(lambda: failed >= 1, what="a first failed try")
+    for _ in range(3):  # other locks' tries get replies between the failures
+        await compete(
+            engine, what="lock 'up'", deadline=None, attempt=answered, waiter=no_waiter
+        )
+        seen = failed
+        await eventually(lambda seen=seen: failed > seen, what="another failed try")
+    assert len(records(caplog, "aiolock.lock", logging.WARNING, "Redis unreachable")) == 1
+    assert records(caplog, "aiolock.lock", logging.INFO, "answers again") == []
+    down = False
+    await blocked
+    infos = records(caplog, "aiolock.lock", logging.INFO, "answers again")
+    assert len(infos) == 1 and "lock 'down'" in infos[0], infos
+    assert len(records(caplog, "aiolock.lock", logging.WARNING, "Redis unreachable")) == 1
 
 
 def test_every_logger_is_under_aiolock_and_in_the_readme() -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
@@ -237,6 +237,65 @@ async def test_counters_add_up_over_clients_and_outlive_them(
     assert otel.value(ACQUISITIONS, kind="lock", outcome="acquired") == 3
 
 
+async def test_a_client_gone_while_holding_leaves_no_hold_in_the_gauge(
+    make_client: Any, otel: Otel
+) -> None:
+    """Its acquisitions stay counted; its holds (right now) go with it."""
+    gone = otel.instrument(await make_client())
+    await gone.lock("kept").acquire()
+    assert otel.value(HOLDS, kind="lock") == 1
+    telemetry = weakref.ref(gone._engine.observer.telemetry)
+    gone._engine.observer.telemetry = None  # as if the Client were collected, unclosed
+    gc.collect()
+    assert telemetry() is None
+    assert otel.value(HOLDS, kind="lock") == 0
+    assert otel.value(ACQUISITIONS, kind="lock", outcome="acquired") == 1
+    await gone.aclose()
+
+
+async def test_closing_a_client_while_holding_is_not_a_loss(
+    make_client: Any, otel: Otel
+) -> None:
+    client = otel.instrument(await make_client())
+    await client.lock("held at close").acquire()
+    await client.aclose()
+    assert client.statistics().losses == 0
+    assert otel.value(LOSSES, kind="lock") == 0
+    assert otel.value(HOLDS, kind="lock") == 0
+
+
+async def test_a_raising_span_processor_never_leaks_a_lock(
+    client: aiolock.Client,
+    other_client: aiolock.Client,
+    otel: Otel,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An exporter's bug (a span processor that raises when the acquire's span
+    ends) must not reach the caller past the grant: the lock would stay held,
+    renewed, with nobody to release it. The acquisition succeeds, the error
+    is logged once."""
+
+    class Broken(SpanProcessor):
+        def on_end(self, span: ReadableSpan) -> None:
+            if span.name == SPAN:
+                raise RuntimeError("exporter bug")
+
+    otel.tracers.add_span_processor(Broken())
+    otel.instrument(client)
+    lock = client.lock("contended")
+    holder = await other_client.lock("contended").acquire()
+    with otel.tracer.start_as_current_span("request"):
+        waiter = asyncio.create_task(lock.acquire(timeout=30))
+        await parked(client)
+        await holder.release()
+        lease = await waiter  # parked, so it makes a span: the processor raises
+    assert lease.fencing_token > 0
+    await lease.release()
+    assert not await lock.is_locked()
+    errors = [r for r in caplog.records if r.name == "aiolock.lock" and r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "OpenTelemetry raised" in errors[0].getMessage()
+
+
 # --------------------------------------------------------------------------- lock_label
 
 
@@ -368,7 +427,7 @@ import asyncio, sys
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 import aiolock

@@ -351,11 +351,11 @@ class ClusterMux:
 
     @property
     def connects(self) -> int:
-        return self._connects_closed + sum(c.connects for c in self._connections.values())
+        return self._connects_closed + sum(c.connects for c in tuple(self._connections.values()))
 
     @property
     def in_flight(self) -> int:
-        return sum(c.in_flight for c in self._connections.values())
+        return sum(c.in_flight for c in tuple(self._connections.values()))
 
     @property
     def nodes(self) -> list[str]:
@@ -757,11 +757,11 @@ class ShardedListener:
 
     @property
     def active(self) -> int:
-        return sum(listener.active for listener in self._listeners.values())
+        return sum(listener.active for listener in tuple(self._listeners.values()))
 
     @property
     def connects(self) -> int:
-        return self._connects_closed + sum(lst.connects for lst in self._listeners.values())
+        return self._connects_closed + sum(lst.connects for lst in tuple(self._listeners.values()))
 
     @property
     def nodes(self) -> list[str]:

@@ -20,6 +20,7 @@ from .connection import Lane, Orphan
 from .errors import LockNotOwnedError
 from .futures import Outcome
 from .lease import Hold, HoldEngine, Lease, LostCallback, call_lost_callback
+from .observe import FIXED_LEASE_EXPIRED
 from .owner import task_serial
 from .replication import Acknowledgement
 from .scripts import refused
@@ -165,7 +166,7 @@ class Holds:
             engine.watchdog.add(hold)
         else:
             hold.timer = asyncio.get_running_loop().call_at(
-                hold.expires_at, hold.gone, "the fixed lease expired"
+                hold.expires_at, hold.gone, FIXED_LEASE_EXPIRED
             )
 
     def release_hold(self, hold: Hold) -> asyncio.Future[int]:
@@ -261,7 +262,7 @@ class Holds:
             hold.expires_at = new_expiry
             if hold.timer is not None:
                 hold.timer.cancel()
-                hold.timer = loop.call_at(new_expiry, hold.gone, "the fixed lease expired")
+                hold.timer = loop.call_at(new_expiry, hold.gone, FIXED_LEASE_EXPIRED)
 
     def renew_batch(
         self, script: str, items: Sequence[Any], lease: float

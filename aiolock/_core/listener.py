@@ -383,7 +383,9 @@ class Listener:
     @property
     def active(self) -> int:
         """Channels some task waits on right now (lingering ones not counted)."""
-        return sum(1 for channel in self._channels.values() if channel.refs > 0)
+        # tuple(): one C call, so a statistics() from another thread never
+        # sees the dict change size mid-iteration.
+        return sum(1 for channel in tuple(self._channels.values()) if channel.refs > 0)
 
     def reset(self) -> None:
         """Drop the connection as if it were lost: the listener reconnects

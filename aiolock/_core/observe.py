@@ -37,6 +37,7 @@ from .errors import LockTimeoutError
 
 __all__ = [
     "CLIENT_CLOSED",
+    "FIXED_LEASE_EXPIRED",
     "Attempt",
     "Hold",
     "LockLabel",
@@ -61,6 +62,8 @@ lease_log = logging.getLogger("aiolock.lease")
 #: The reason of a hold lost because its Client was closed (``aclose()``): the
 #: user's own doing, logged at INFO; every other loss is a WARNING.
 CLIENT_CLOSED = "the Client was closed"
+#: The reason a fixed lease (``acquire(lease=...)``) ran out.
+FIXED_LEASE_EXPIRED = "the fixed lease expired"
 
 
 class Telemetry(Protocol):
@@ -95,6 +98,7 @@ class Hold(Protocol):
     token: int
     lost_reason: str | None
     began: float | None
+    contexts: list[Any]
 
 
 class Attempt:
@@ -156,6 +160,7 @@ class Observer:
     __slots__ = (
         "acquisitions",
         "cancellations",
+        "complained",
         "failures",
         "holds",
         "losses",
@@ -180,13 +185,30 @@ class Observer:
         self.waiting = 0
         #: Holds begun and not ended.
         self.holds = 0
+        #: A telemetry call raised once already (logged then, not again).
+        self.complained = False
 
     # -- acquisitions --------------------------------------------------------------------
+
+    def telemetry_failed(self) -> None:
+        """A telemetry call raised (an exporter's or a span processor's bug):
+        never the caller's problem. The lock was granted or released all the
+        same; logged once per Client, with the traceback."""
+        if not self.complained:
+            self.complained = True
+            log.error(
+                "OpenTelemetry raised while aiolock recorded a metric or span (logged once; "
+                "the locks are not affected): check the SDK's processors and exporters",
+                exc_info=True,
+            )
 
     def began_waiting(self, attempt: Attempt) -> None:
         self.waiting += 1
         if self.telemetry is not None:
-            self.telemetry.waiting(attempt.kind, attempt.name, 1)
+            try:
+                self.telemetry.waiting(attempt.kind, attempt.name, 1)
+            except Exception:
+                self.telemetry_failed()
 
     def finished(self, attempt: Attempt, outcome: Outcome, result: Any) -> None:
         attempt.done = True
@@ -203,10 +225,15 @@ class Observer:
         telemetry = self.telemetry
         if attempt.waited:
             self.waiting -= 1
-            if telemetry is not None:
-                telemetry.waiting(attempt.kind, attempt.name, -1)
         if telemetry is not None:
-            telemetry.acquired(attempt.kind, attempt.name, outcome, seconds, attempt.waited)
+            # Never raises: past a grant, an exception here would leave the
+            # lock held with nobody to release it.
+            try:
+                if attempt.waited:
+                    telemetry.waiting(attempt.kind, attempt.name, -1)
+                telemetry.acquired(attempt.kind, attempt.name, outcome, seconds, attempt.waited)
+            except Exception:
+                self.telemetry_failed()
         if log.isEnabledFor(logging.DEBUG):
             token = getattr(result, "fencing_token", None)
             log.debug(
@@ -225,7 +252,10 @@ class Observer:
         hold.began = time.perf_counter()
         self.holds += 1
         if self.telemetry is not None:
-            self.telemetry.held(hold.kind, hold.name, 1, 0.0)
+            try:
+                self.telemetry.held(hold.kind, hold.name, 1, 0.0)
+            except Exception:
+                self.telemetry_failed()
 
     def hold_ended(self, hold: Hold) -> None:
         began = hold.began
@@ -235,7 +265,10 @@ class Observer:
         self.holds -= 1
         seconds = time.perf_counter() - began
         if self.telemetry is not None:
-            self.telemetry.held(hold.kind, hold.name, -1, seconds)
+            try:
+                self.telemetry.held(hold.kind, hold.name, -1, seconds)
+            except Exception:
+                self.telemetry_failed()
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "%s %r: hold of %s ended after %.1f ms (fencing token %d)%s",
@@ -248,10 +281,10 @@ class Observer:
             )
 
     def lost(self, hold: Hold) -> None:
-        self.losses += 1
         if hold.lost_reason == CLIENT_CLOSED:
             # aclose() while holding: asked for, and the hold is released in
-            # Redis right after; worth a line, not an alarm.
+            # Redis right after; worth a line, not an alarm, and not a loss
+            # (an alert on losses must not fire on every deploy).
             lease_log.info(
                 "lease of %s %r given up (fencing token %d, owner %s): %s while it was held",
                 hold.kind.replace("_", " "),
@@ -260,8 +293,19 @@ class Observer:
                 hold.owner,
                 hold.lost_reason,
             )
-        else:
-            lease_log.warning(
+            return
+        self.losses += 1
+        # A fixed lease (``acquire(lease=...)``) that simply runs out while no
+        # ``async with`` body depends on it is the contract at work (a hold
+        # for N seconds, a rate limit): INFO. Everything else is an alarm.
+        level = (
+            logging.INFO
+            if hold.lost_reason == FIXED_LEASE_EXPIRED and not hold.contexts
+            else logging.WARNING
+        )
+        if lease_log.isEnabledFor(level):
+            lease_log.log(
+                level,
                 "lease of %s %r lost (fencing token %d, owner %s): %s. The holder's `async "
                 "with` body is cancelled and raises LockLostError (unless on_lost='ignore'); "
                 "writes it makes after this moment must be refused by the fencing token",
@@ -272,7 +316,10 @@ class Observer:
                 hold.lost_reason,
             )
         if self.telemetry is not None:
-            self.telemetry.lost(hold.kind, hold.name)
+            try:
+                self.telemetry.lost(hold.kind, hold.name)
+            except Exception:
+                self.telemetry_failed()
 
 
 def new_telemetry(lock_label: LockLabel | None) -> Telemetry | None:

@@ -133,7 +133,7 @@ class Counts:
         self.waiters: dict[Key, int] = {}
 
 
-FIELDS = ("acquisitions", "losses", "holds", "waiters")
+MONOTONIC = ("acquisitions", "losses")
 
 
 class Instruments:
@@ -142,7 +142,7 @@ class Instruments:
     The counters are asynchronous: the Clients count in plain dicts
     (``Counts``, no OpenTelemetry call on the hot path) and the reader
     collects the sums. A Client gone (garbage collected) leaves its counts
-    to ``retired``, so the counters stay monotonic.
+    acquisitions and losses to ``retired``, so the counters stay monotonic.
     """
 
     def __init__(self, meter: metrics.Meter) -> None:
@@ -197,7 +197,11 @@ class Instruments:
                     if ref() is not None:
                         alive.append((ref, counts))
                         continue
-                    for name in FIELDS:  # its owner is gone: nobody writes these now
+                    # Its owner is gone: nobody writes these now. The counters
+                    # keep its share (they never go down); the up-down counters
+                    # (holds, waiters right now) drop it: a Client collected
+                    # without aclose() holds and waits for nothing any more.
+                    for name in MONOTONIC:
                         into = getattr(self.retired, name)
                         for key, value in getattr(counts, name).items():
                             into[key] = into.get(key, 0) + value

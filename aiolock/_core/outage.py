@@ -41,9 +41,15 @@ class Run(NamedTuple):
 class Outage:
     """A run of failures of one thing (a connection, the renewals...): when it began, how many."""
 
-    __slots__ = ("failures", "noted", "started")
+    __slots__ = ("failing", "failures", "noted", "started")
 
     def __init__(self) -> None:
+        #: For owners whose run is shared by several retrying parties (the
+        #: waiting tasks of a Client): how many of them are failing now. The
+        #: owner ends the run when the last one recovers or gives up, not on
+        #: the first reply any of them gets (one node of a cluster down while
+        #: the others answer is one outage, not a WARNING/INFO pair per try).
+        self.failing = 0
         #: ``time.monotonic()`` at the first failure of the run under way, or None.
         self.started: float | None = None
         self.failures = 0

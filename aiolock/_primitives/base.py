@@ -201,6 +201,8 @@ async def compete(
     is_parked = False
     failures = 0
     reached = False  # has any try of this wait had a reply from Redis?
+    outage = engine.unreachable
+    failing = False  # this task counts among outage.failing
     try:
         while True:
             sent = loop.time()
@@ -216,6 +218,9 @@ async def compete(
                 ) from None
             except TRANSIENT as exc:
                 failures += 1
+                if not failing:
+                    failing = True
+                    outage.failing += 1
                 # LOADING, BUSY...: the server answered, it is there (not a wrong URL).
                 reached = reached or isinstance(exc, ServerUnavailableError)
                 now = loop.time()
@@ -232,7 +237,7 @@ async def compete(
                     ) from exc.__cause__ or exc
                 if engine.closed:
                     raise ClientClosedError("the aiolock Client was closed while waiting") from exc
-                if engine.unreachable.failed():
+                if outage.failed():
                     # One warning per outage, not per task nor per try.
                     log.warning(
                         "%s: Redis unreachable (%s); waiting tasks retry %s",
@@ -249,17 +254,19 @@ async def compete(
                     abandon()  # the failed try may have run, its reply lost
                     raise
                 continue
-            outage = engine.unreachable
-            if outage.started is not None:  # (ended by any reply, this task's or not)
-                run = outage.ended()
-                if run is not None:
-                    log.info(
-                        "%s: Redis answers again after %.1f s; tries of waiting tasks "
-                        "failed %d times meanwhile",
-                        what,
-                        run.seconds,
-                        run.failures,
-                    )
+            if failing:
+                failing = False
+                outage.failing -= 1
+                if outage.failing == 0:  # the last failing task of the outage recovered
+                    run = outage.ended()
+                    if run is not None:
+                        log.info(
+                            "%s: Redis answers again after %.1f s; tries of waiting tasks "
+                            "failed %d times meanwhile",
+                            what,
+                            run.seconds,
+                            run.failures,
+                        )
             failures = 0
             reached = True
             if result is not None:
@@ -297,6 +304,19 @@ async def compete(
             registration.close()
             if is_parked:
                 parked(False)
+        if failing:
+            outage.failing -= 1
+            if outage.failing == 0:
+                run = outage.ended()
+                if run is not None:
+                    log.info(
+                        "%s: no waiting task retries any more (they timed out, were "
+                        "cancelled or the Client closed) after %.1f s; their tries failed "
+                        "%d times meanwhile",
+                        what,
+                        run.seconds,
+                        run.failures,
+                    )
 
 
 # -- statistics and reprs: local state only, from any thread ----------------------------------
