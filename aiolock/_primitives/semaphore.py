@@ -165,7 +165,8 @@ class Semaphore(Primitive, LockLike[Permit]):
     * **Who may release:** the returned :class:`Permit`, from any task
       (``permit.release()`` gives back exactly what it took, once); or
       ``sem.release()``, which releases the current task's most recent
-      acquisition.
+      acquisition. An operator may evict every holder at once with
+      :meth:`force_release` (``aiolock force-release NAME``).
     * **Not reentrant:** a semaphore counts permits, not owners. A task that
       acquires twice holds two acquisitions and must release both; it can
       deadlock itself by asking for more than is left.
