@@ -408,12 +408,35 @@ async def test_force_release_fair_and_rw_locks(cli: Cli, make_client: MakeClient
         assert code == 1 and f"no lock named '{name}' is held" in out
 
 
-async def test_force_release_refuses_what_it_cannot_release(cli: Cli, client: Client) -> None:
-    permit = await client.semaphore("s", 1).acquire()
-    code, _, err = await cli("force-release", "s", "--yes")
-    assert code == 1 and "semaphore 's' is held by" in err and "no force-release" in err
-    assert await client.semaphore("s", 1).in_use() == 1
-    await permit.release()
+async def test_force_release_a_semaphore(cli: Cli, make_client: MakeClient) -> None:
+    holder = await make_client(lease=SHORT_LEASE)
+    other = await make_client(lease=SHORT_LEASE)
+    await holder.semaphore("s", 3).set_permits(4)  # N as Redis has it: kept
+    entered, owner = asyncio.Event(), []
+    sem = holder.semaphore("s", 3)
+    held = asyncio.create_task(hold_until_lost(sem(permits=2), entered, owner, holder))
+    await entered.wait()
+    local = await other.semaphore("s", 3).acquire()
+    code, out, err = await cli("force-release", "s", "--yes")
+    assert code == 0, err
+    assert "force-released semaphore 's': 3 permits held by " in out
+    assert f"{owner[0]} (2 permits)" in out and f"{other.owner(asyncio.current_task())}" in out
+    assert "their watchdogs will report LockLostError" in out
+    # Every holder learns it at its next renewal (every lease / 3).
+    assert isinstance(await asyncio.wait_for(held, 2 * SHORT_LEASE), LockLostError)
+    await eventually(lambda: local.lost, timeout=2 * SHORT_LEASE, what="the other holder's loss")
+    assert await other.semaphore("s", 1).get_permits() == 4
+    assert await other.semaphore("s", 1).in_use() == 0
+    code, out, _ = await cli("force-release", "s", "--yes")
+    assert code == 1 and "no lock named 's' is held" in out
+
+
+async def test_force_release_refuses_a_redlock_lock(cli: Cli, client: Client) -> None:
+    red = await Redlock([client]).lock("r").acquire()
+    code, _, err = await cli("force-release", "r", "--yes")
+    assert code == 1 and "is held by" in err and "a Redlock spans several masters" in err
+    assert not red.lost and await Redlock([client]).lock("r").is_locked()
+    await red.release()
 
 
 # --------------------------------------------------------------------------- errors

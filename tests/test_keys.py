@@ -117,6 +117,7 @@ def test_latch_names() -> None:
         "channel": b"p:{n}:ch",
         "signal": "p:{n}:signal",
         "down": ("p:{n}", "p:{n}:signal"),
+        "local": "p:{n}:latch",
     }
 
 

@@ -183,6 +183,11 @@ async def _sem_set_permits(c: Client, o: Client) -> Op:
     return lambda: c.semaphore("n", 3).set_permits(5)
 
 
+async def _sem_force_release(c: Client, o: Client) -> Op:
+    await o.semaphore("n", 3).acquire(lease=HOLD)
+    return c.semaphore("n", 3).force_release
+
+
 async def _latch_count_down(c: Client, o: Client) -> Op:
     assert await c.latch("n", 1).try_set_count()
     return c.latch("n", 1).count_down
@@ -225,6 +230,7 @@ CASES = [
     Case("sem-acquire-full", "n", (":h", ":fence", ":signal"), _sem_acquire_full),
     Case("sem-release", "n", (":h", ":r", ":signal"), _sem_release),
     Case("sem-set_permits", "n", (":h", ":signal"), _sem_set_permits),
+    Case("sem-force_release", "n", (":h", ":signal"), _sem_force_release),
     Case("latch-count_down", "n", (":signal",), _latch_count_down),
     Case("latch-count_down-not-last", "n", (":signal",), _latch_count_down_last),
 ]

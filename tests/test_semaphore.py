@@ -11,6 +11,7 @@ import random
 import signal
 import sys
 import time
+from contextlib import AsyncExitStack
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from aiolock import (
     InvalidArgumentTypeError,
     LockLostError,
     LockNotOwnedError,
+    WrongTypeError,
 )
 from aiolock._primitives.semaphore import Permit, Semaphore
 from tests.core_util import assert_clean, cancel_at_random, eventually
@@ -552,6 +554,145 @@ async def test_random_cancellation_fuzz_leaves_nothing_behind(
     assert granted > 25 and cancelled > 40, (granted, cancelled)
     await assert_clean(client, other_client)
     assert_nothing_held(server, "fuzz")
+
+
+# --------------------------------------------------------------------------- force release
+
+
+async def hold_until_lost(sem: Semaphore, permits: int, entered: asyncio.Event) -> BaseException:
+    """``async with sem(permits=...)`` until the hold is lost; what it raised."""
+    try:
+        async with sem(permits=permits):
+            entered.set()
+            await asyncio.sleep(3600)
+    except LockLostError as exc:
+        return exc
+    raise AssertionError("the body ended without losing its permits")
+
+
+async def test_force_release_evicts_local_and_remote_holders(
+    make_client: Any, server: RedisServer
+) -> None:
+    # Own Clients (no notify param): the remote holder's loss is seen at its
+    # next renewal (every SHORT / 3 s), once per backend only.
+    local, remote = (
+        await make_client(prefix="s", lease=SHORT),
+        await make_client(prefix="s", lease=SHORT),
+    )
+    sem = local.semaphore("fr", 3)
+    await sem.set_permits(5)  # an N that differs from the constructors'
+    mine = await sem.acquire(2)
+    entered = asyncio.Event()
+    theirs = asyncio.create_task(hold_until_lost(remote.semaphore("fr", 3), 3, entered))
+    await entered.wait()
+    fence = server.execute("HGET", "s:{fr}:fence", "t")
+    main_ttl = server.execute("PTTL", "s:{fr}")
+    assert await sem.in_use() == 5
+
+    # Any N will do for the call: it writes none.
+    assert await local.semaphore("fr", 1).force_release() is True
+    assert mine.lost and mine._hold.lost_reason == "force-released", "local: at once"
+    assert isinstance(await asyncio.wait_for(theirs, 2 * SHORT), LockLostError)
+    assert_nothing_held(server, "fr")
+    assert server.execute("HGET", "s:{fr}", "n") == "5", "N unchanged"
+    assert server.execute("HGET", "s:{fr}:fence", "t") == fence, "fencing counter kept"
+    assert 0 < server.execute("PTTL", "s:{fr}") <= main_ttl, "no expiry moved"
+    with pytest.raises(LockNotOwnedError, match="force-released"):
+        await mine.release()
+
+    # Free now: False, nothing changes; tokens go on increasing.
+    assert await sem.force_release() is False
+    assert await remote.semaphore("fr", 3).get_permits() == 5
+    again = await sem.acquire(5)
+    assert again.fencing_token > mine.fencing_token and not again.lost
+    await again.release()
+    await assert_clean(local, remote)
+
+
+async def test_force_release_wakes_waiters_and_spares_later_holders(
+    client: Client, other_client: Client, third_client: Client, server: RedisServer
+) -> None:
+    sem = client.semaphore("frw", 3)
+    held = await sem.acquire(3, lease=30)  # a fixed lease, far from expiring
+    waiters = [
+        asyncio.create_task(c.semaphore("frw", 3).acquire(timeout=20))
+        for c in (other_client, third_client, client)
+    ]
+    await eventually(
+        lambda: sum(c.statistics().waiting for c in (client, other_client, third_client)) == 3,
+        what="3 parked",
+    )
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await sem.force_release() is True
+    assert held.lost
+    # Woken by the force release (3 permits came free), not by their 30 s bound.
+    granted = await asyncio.wait_for(asyncio.gather(*waiters), 10)
+    assert loop.time() - started < 30 / 3
+    # This Client's own waiter got a permit after the eviction: it is not lost.
+    assert not any(p.lost for p in granted)
+    assert await sem.in_use() == 3 and await sem.get_permits() == 3
+    for permit in granted:
+        await permit.release()
+    await assert_clean(client, other_client, third_client)
+    assert_nothing_held(server, "frw")
+
+
+async def test_force_release_refuses_a_foreign_key_and_changes_nothing(
+    make_client: Any, server: RedisServer
+) -> None:
+    client = await make_client(prefix="s", lease=SHORT)
+    sem = client.semaphore("frx", 2)
+    permit = await sem.acquire(lease=60)
+    server.execute("SET", "s:{frx}:signal", "not a list")
+
+    def keyspace() -> list[Any]:
+        return [
+            server.execute("HGETALL", "s:{frx}"),
+            server.execute("ZRANGE", "s:{frx}:h", 0, -1, "WITHSCORES"),
+            server.execute("HGETALL", "s:{frx}:fence"),
+            server.execute("GET", "s:{frx}:signal"),
+            sorted(server.execute("KEYS", "*")),
+        ]
+
+    before = keyspace()
+    with pytest.raises(WrongTypeError, match=r"s:\{frx\}:signal"):
+        await sem.force_release()
+    assert keyspace() == before
+    assert not permit.lost
+    server.execute("DEL", "s:{frx}:signal")
+    assert await sem.force_release() is True and permit.lost
+    await assert_clean(client)
+
+
+async def test_force_release_in_cluster_mode(cluster_url: str) -> None:
+    async with AsyncExitStack() as stack:
+
+        async def make(lease: float) -> Client:
+            client = Client.from_url(cluster_url, cluster=True, prefix="s", lease=lease)
+            return await stack.enter_async_context(client)
+
+        # (A watchdog-kept holder elsewhere learns it as in standalone mode: the
+        # renewal scripts are the same; see the test above.)
+        local, remote, waiting = await make(SHORT), await make(SHORT), await make(30)
+        sem = local.semaphore("frc", 2)
+        # Fixed 30 s leases: a waiter granted within 10 s was woken by the eviction.
+        mine = await sem.acquire(lease=30)
+        fixed = await remote.semaphore("frc", 2).acquire(lease=30)
+        waiter = asyncio.create_task(waiting.semaphore("frc", 2).acquire(2, timeout=20))
+        await eventually(lambda: waiting.statistics().waiting == 1, what="the waiter parked")
+        assert await sem.force_release() is True
+        assert mine.lost
+        # Woken through the master's sharded pub/sub (SPUBLISH).
+        got = await asyncio.wait_for(waiter, 10)
+        assert got.permits == 2 and not got.lost
+        await got.release()
+        # A fixed lease elsewhere is not told; its release gives nothing back.
+        with pytest.raises(LockNotOwnedError):
+            await fixed.release()
+        assert await sem.force_release() is False
+        assert await sem.in_use() == 0
+        await assert_clean(local, remote, waiting)
 
 
 # --------------------------------------------------------------------------- keys

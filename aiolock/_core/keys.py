@@ -212,8 +212,8 @@ class RWKeys(Keys):
 class SemaphoreKeys(Keys):
     """Semaphore (layout: scripts/_sem.lua): ``holders``, ``released``, ``fence``.
 
-    The tuples are the KEYS of the sem_* scripts (``state``: sem_state and
-    sem_set_permits).
+    The tuples are the KEYS of the sem_* scripts (``state``: sem_state,
+    sem_set_permits and sem_force_release).
     """
 
     holders: str

@@ -165,7 +165,8 @@ class Semaphore(Primitive, LockLike[Permit]):
     * **Who may release:** the returned :class:`Permit`, from any task
       (``permit.release()`` gives back exactly what it took, once); or
       ``sem.release()``, which releases the current task's most recent
-      acquisition.
+      acquisition. An operator may evict every holder at once with
+      :meth:`force_release` (``aiolock force-release NAME``).
     * **Not reentrant:** a semaphore counts permits, not owners. A task that
       acquires twice holds two acquisitions and must release both; it can
       deadlock itself by asking for more than is left.
@@ -499,6 +500,44 @@ class Semaphore(Primitive, LockLike[Permit]):
             (n, self._permits, engine.retention_ms, self._channel),
         )
         self._permits = n
+
+    # -- force release ---------------------------------------------------------------------
+
+    async def force_release(self) -> bool:
+        """Evict every holder of the semaphore, whoever they are; True if there was one.
+
+        For an operator's use (``aiolock force-release NAME``), when holders are
+        stuck. Every permit held, by any task of any Client, returns at once:
+
+        * **Who is evicted:** every acquisition alive in Redis when the call
+          runs (expired ones are purged and do not count). Acquisitions made
+          after it are not touched.
+        * **What they see:** their lease is lost, with reason
+          ``"force-released"`` at once for the holds of this Client, at their
+          watchdog's next renewal (within ``lease / 3``) in other Clients:
+          ``lease.lost`` turns true, ``on_lost`` callbacks run, and the body of
+          ``async with`` is cancelled with LockLostError. A fixed-lease holder
+          elsewhere is not told (it has no renewal) until it extends or
+          releases: its release then raises LockNotOwnedError, never gives
+          back permits it no longer has.
+        * **Waiters** are woken as by a release of all those permits (as many
+          as came free, per Client); a pending claim is kept.
+        * **Nothing else changes:** N (as Redis has it; this object's
+          ``permits`` is not written), the fencing counter (tokens keep
+          increasing), the keys' expiry times.
+        """
+        engine = self._engine
+        engine.enter()
+        reply = await engine.eval("sem_force_release", self._names.state, (self._channel,))
+        evicted = {m.decode() if isinstance(m, bytes) else str(m) for m in reply}
+        state: _SemState | None = engine.peek_state(self._names.local)
+        if state is not None:
+            # Only the holds the script evicted: a task of this Client may have
+            # acquired again since (woken by this very call).
+            for hold in list(state.held):
+                if hold.renew_args and hold.renew_args[0] in evicted:
+                    hold.mark_lost("force-released")
+        return bool(evicted)
 
     def _local_view(self) -> tuple[Iterable[Hold], int]:
         state: _SemState | None = self._engine.peek_state(self._names.local)

@@ -6,8 +6,9 @@ round trip of ``TYPE`` / ``PTTL`` / ``HGETALL`` / ``ZRANGE`` / ``LRANGE`` /
 it (``aiolock.cli.ops_state``) and print it as text or JSON. In a Redis
 Cluster every master is scanned. Only ``force-release`` writes, through the
 library's own force-release of the kind it found (``client.lock(name)``,
-``client.fair_lock(name)``, ``client.rw_lock(name)``), which keeps the
-fencing counter and wakes the waiters.
+``client.fair_lock(name)``, ``client.rw_lock(name)``,
+``client.semaphore(name, n)``), which keeps the fencing counter (and a
+semaphore's N) and wakes the waiters.
 
 Exit codes: 0 done; 1 nothing found or nothing done (``inspect`` of an
 unknown name, ``force-release`` of a name nobody holds, or declined); 2 a
@@ -145,9 +146,10 @@ def add_arguments(sub: Any) -> None:
         "force-release",
         parents=[common],
         help="release a lock whoever holds it (asks first)",
-        description="Force-release the lock, fair lock or read-write lock NAME through the "
-        "library (the fencing counter is kept, waiters are woken; the holder's watchdog "
-        "reports LockLostError). Asks for confirmation unless --yes. Exits 1 if nothing "
+        description="Force-release the lock, fair lock, read-write lock or semaphore NAME "
+        "through the library (every holder is evicted; the fencing counter and a "
+        "semaphore's N are kept, waiters are woken; the holders' watchdogs report "
+        "LockLostError). Asks for confirmation unless --yes. Exits 1 if nothing "
         "is held or the answer is not yes.",
     )
     force.add_argument("name", metavar="NAME")
@@ -638,7 +640,7 @@ def _inspect(args: argparse.Namespace, target: Target) -> int:
 
 
 # The kinds force-release can evict, with the Client's factory of that kind.
-_RELEASABLE = ("lock", "fair_lock", "rw_lock")
+_RELEASABLE = ("lock", "fair_lock", "rw_lock", "semaphore")
 
 
 def _force_release(args: argparse.Namespace, target: Target) -> int:
@@ -655,7 +657,6 @@ def _force_release(args: argparse.Namespace, target: Target) -> int:
         print(
             f"aiolock: {_KIND_WORDS[p.kind]} {name!r} is held by {holder_text(p)}, but cannot "
             "be force-released from here"
-            + (" (a semaphore has no force-release)" if p.kind == "semaphore" else "")
             + (" (a Redlock spans several masters)" if p.kind == "redlock" else ""),
             file=sys.stderr,
         )
@@ -687,6 +688,10 @@ def _force_release(args: argparse.Namespace, target: Target) -> int:
                 return await client.lock(name).force_release()
             if p.kind == "fair_lock":
                 return await client.fair_lock(name).force_release()
+            if p.kind == "semaphore":
+                # Its N as found (any N would do: force_release never writes N).
+                permits = int(p.details.get("permits") or 1)
+                return await client.semaphore(name, permits).force_release()
             return await client.rw_lock(name).force_release()
         finally:
             await client.aclose()
@@ -701,6 +706,14 @@ def _force_release(args: argparse.Namespace, target: Target) -> int:
     if not done:
         print(f"{_KIND_WORDS[p.kind]} {name!r} was no longer held; nothing done")
         return 1
+    if p.kind == "semaphore":
+        in_use = int(p.details.get("in_use") or 0)
+        print(
+            f"force-released semaphore {name!r}: {in_use} permit{'s' if in_use != 1 else ''} "
+            f"held by {holder_text(p)} returned; their watchdogs will report LockLostError "
+            "(N and fencing counter kept, waiters woken)"
+        )
+        return 0
     print(
         f"force-released {what}; the holder's watchdog will report LockLostError "
         "(fencing counter kept, waiters woken)"
