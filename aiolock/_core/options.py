@@ -187,7 +187,8 @@ class ClientStatistics:
     failures: int = 0
     """Acquisitions that failed with an error (Redis unreachable, refused, ...)."""
     losses: int = 0
-    """Leases lost while held (expired, force-released, not renewed in time, ...)."""
+    """Leases lost while held (expired, force-released, not renewed in time, ...); a
+    Client closed while holding is not a loss."""
     wait_time: float = 0.0
     """Seconds spent in acquisitions, whatever their outcome, summed."""
 
