@@ -310,7 +310,7 @@ async def test_token_written_back_when_the_largest_counter_is_missing(
 
 
 async def test_master_back_empty_is_not_trusted_for_lost_counters(
-    make_redlock: MakeRedlock, masters: list[ServerProcess]
+    make_redlock: MakeRedlock, masters: list[ServerProcess], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     a, b, c = masters
     p1, p2, p3, p4 = await _processes(make_redlock, 4)
@@ -337,21 +337,47 @@ async def test_master_back_empty_is_not_trusted_for_lost_counters(
     # attempt that reached B's previous life (its token maybe below theirs).
     await _seeds_sent(p2)
     assert b.execute("HGET", _fence_key("empty"), "t") is None
-    # Once B's generation is ATTEMPT_LIMIT old (on B's clock), a hand-out seeds it.
+    # Once B's generation is ATTEMPT_LIMIT old, a hand-out seeds it. Which one
+    # is not exact: the attempt cannot tell when, between its start and its
+    # handling of B's reply, B read its clock, so it counts the generation's
+    # age at its start as (age at the read) - (its time so far), short of the
+    # true age by the reply's latency (and, on the write-back path, by the
+    # second round). Under load that is tens of ms, so an attempt begun just
+    # after ATTEMPT_LIMIT may not seed B (safety over liveness). Tokens are
+    # handed out until one seeds B; one whose attempt began when the
+    # generation was 2 * ATTEMPT_LIMIT old must: its reply would otherwise be
+    # more than ATTEMPT_LIMIT late, longer than an attempt may take.
+    read_b: list[int] = []  # tokens whose attempt by p3 has handled B's reply
+    real_seed = Redlock._seed
+
+    def seed(self: Redlock, name: str, token: int, i: int, reply: Any, *rest: Any) -> None:
+        if self is p3 and i == 1 and isinstance(reply, list):
+            read_b.append(token)
+        real_seed(self, name, token, i, reply, *rest)
+
+    monkeypatch.setattr(Redlock, "_seed", seed)
     created = int(b.execute("GET", "aiolock:redlock:gen").split("/")[1])
     await eventually(
         lambda: _server_clock_us(b) - created > ATTEMPT_LIMIT * 1_000_000,
         what="B's generation ATTEMPT_LIMIT old",
     )
-    third = await p3.lock("empty").acquire(timeout=10)
-    assert third.fencing_token > second.fencing_token
-    await third.release()
-    # A majority accepted that token: B, refusing it as untrusted, was seeded
-    # with it (its generation unchanged since read): it vouches for it now.
-    await eventually(
-        lambda: b.execute("HGET", _fence_key("empty"), "t") == str(third.fencing_token),
-        what="B seeded with the token",
-    )
+    last = second.fencing_token
+    while True:
+        began = _server_clock_us(b) - created
+        third = await p3.lock("empty").acquire(timeout=10)
+        assert third.fencing_token > last
+        last = third.fencing_token
+        await third.release()
+        await eventually(lambda t=last: t in read_b, what="p3's attempt handled B's reply")
+        await _seeds_sent(p3)
+        seeded = b.execute("HGET", _fence_key("empty"), "t")
+        if seeded is not None:
+            # A majority accepted that token: B, refusing it as untrusted, was
+            # seeded with it (its generation unchanged since read): it vouches
+            # for it now.
+            assert seeded == str(third.fencing_token)
+            break
+        assert began < 2 * ATTEMPT_LIMIT * 1_000_000, "an old enough attempt did not seed B"
     a.pause()
     fourth = await p4.lock("empty").acquire(timeout=10)
     assert fourth.fencing_token > third.fencing_token
