@@ -91,6 +91,7 @@ async def test_lock_statistics_holder_reentry_waiters(client: Client, other_clie
     )
     theirs = other_client.lock("orders:42").statistics()
     assert not theirs.locked and theirs.task is None and theirs.hold_count == 0
+    assert lock.statistics().tasks_waiting == 1  # anyio's name for it
     text = repr(lock)
     assert f"'orders:42' held by task {stats.owner.rpartition(':')[2]} (x2)" in text
     assert f"token {first.fencing_token}, lease " in text and "s left, 1 waiting>" in text

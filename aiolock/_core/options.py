@@ -238,3 +238,8 @@ class LockStatistics:
     def task_name(self) -> str | None:
         """The holder task's name (``task.get_name()``), or None."""
         return self.task.get_name() if self.task is not None else None
+
+    @property
+    def tasks_waiting(self) -> int:
+        """``waiting``, by the name anyio's ``LockStatistics`` gives it."""
+        return self.waiting
