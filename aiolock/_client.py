@@ -21,7 +21,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from ._core.engine import Engine
-from ._core.errors import InvalidArgumentError, InvalidArgumentTypeError
+from ._core.errors import InvalidArgumentError, InvalidArgumentTypeError, sentence
 from ._core.keys import main_key
 from ._core.notify import Backoff
 from ._core.observe import LockLabel
@@ -59,7 +59,9 @@ class Client:
       without pub/sub) or ``"poll"`` (capped exponential backoff). See
       ``aiolock._core.notify``. ``backoff`` tunes the ``"poll"`` mode.
     * ``command_timeout``: a connection that answers nothing for this long
-      while commands are pending is closed and reconnected.
+      while commands are pending is closed and reconnected; connecting is
+      bounded by it too, and a wait without a timeout whose first contact
+      gets no reply gives up after it (ConnectionFailedError).
     * ``telemetry``: record OpenTelemetry metrics and spans when
       ``opentelemetry-api`` is installed (the ``otel`` extra), with the global
       meter and tracer providers; False: none. ``lock_label``: a function
@@ -151,7 +153,7 @@ class Client:
         except (ValueError, RedisClusterException) as exc:  # redis-py's parse: scheme, port...
             shown = re.sub(r"//[^/@]*@", "//***@", url)  # no password in messages
             raise InvalidArgumentError(
-                f"invalid Redis URL {shown!r}: {exc}. "
+                f"invalid Redis URL {shown!r}: {sentence(exc)} "
                 "Use redis://[[user]:password@]host[:port][/db], rediss://... (TLS) "
                 "or unix://[[user]:password@]/path/to/socket[?db=N], with a numeric "
                 "port and db, and query arguments of the right type "

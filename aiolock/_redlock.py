@@ -113,6 +113,7 @@ anyway.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import secrets
@@ -125,6 +126,7 @@ from redis.exceptions import NoScriptError
 from ._client import Client
 from ._core.engine import FENCE_RETENTION
 from ._core.errors import (
+    AiolockError,
     ClientClosedError,
     ConnectionFailedError,
     InvalidArgumentError,
@@ -132,7 +134,8 @@ from ._core.errors import (
     LockNotOwnedError,
     UnsupportedServerError,
 )
-from ._core.keys import RedlockKeys
+from ._core.evict import FORCE_RELEASED
+from ._core.keys import RedlockKeys, lost_prefix
 from ._core.lease import Hold, Lease, LostCallback
 from ._core.notify import Waiter
 from ._core.observe import CLIENT_CLOSED, FIXED_LEASE_EXPIRED, Observer
@@ -174,7 +177,7 @@ def engine_of(client: Client) -> Engine:
 class _Master:
     """One master: its Client's Engine, and the names of the locks used on it."""
 
-    __slots__ = ("_names", "engine")
+    __slots__ = ("_names", "engine", "failure")
 
     #: Names kept per master (rebuilt when more are used: cheap).
     NAMES = 4096
@@ -182,6 +185,8 @@ class _Master:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._names: dict[str, RedlockKeys] = {}
+        #: Why the last try to reach it (find its mode) failed, if it did.
+        self.failure: BaseException | None = None
 
     def keys(self, name: str) -> RedlockKeys:
         keys = self._names.get(name)
@@ -258,6 +263,11 @@ def _cancel_all(tasks: Sequence[asyncio.Future[Any]]) -> None:
 def _collect(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+def _settled(master: _Master, task: asyncio.Future[Any]) -> None:
+    """Keep why ``master`` could not be reached (the cause of "not reached yet")."""
+    master.failure = None if task.cancelled() else task.exception()
 
 
 class Redlock:
@@ -365,12 +375,40 @@ class Redlock:
     def unreachable(self) -> Outage:
         return self._masters[0].engine.unreachable
 
+    @property
+    def command_timeout(self) -> float:
+        """How long an attempt waits for a master (a first contact gives up after it)."""
+        return MASTER_TIMEOUT
+
     # -- HoldEngine (aiolock/_core/lease.py) ---------------------------------------------------
 
     def untrack(self, hold: Hold) -> None:
         self._watched.pop(hold, None)
+        value = hold.release_args[0] if hold.release_args else None
+        for master in self._masters:
+            master.engine.evictions.values.pop(value, None)  # type: ignore[arg-type]
         if not self._watched and self._changed is not None:
             self._changed.set()
+
+    def _heed(self, hold: Hold) -> None:
+        """Hear at once of a force release of ``hold`` (redlock_force_release.lua
+        publishes "v <value>" on the eviction channel of the Client its owner
+        id names, on each master): lost once a majority can no longer be had."""
+        value: str = hold.release_args[0]
+        cid = value.partition(":")[0]
+        told: set[int] = set()
+        for i, master in enumerate(self._masters):
+            engine = master.engine
+            evictions = engine.evictions
+
+            def deleted(_: object, i: int = i) -> None:
+                told.add(i)
+                if len(told) > len(self._masters) - self.majority:
+                    hold.gone(FORCE_RELEASED)
+
+            evictions.values[value] = deleted
+            if engine.notify == "pubsub":
+                evictions.listen((lost_prefix(engine.prefix) + cid).encode())
 
     def run_callback(self, callback: LostCallback, lease: Lease) -> None:
         self._masters[0].engine.run_callback(callback, lease)
@@ -438,11 +476,21 @@ class Redlock:
     async def extend_hold(self, hold: Hold, seconds: float) -> None:
         loop = asyncio.get_running_loop()
         sent = loop.time()
-        results = await self._renew_on_all([hold], seconds, MASTER_TIMEOUT)
+        errors: list[BaseException] = []
+        results = await self._renew_on_all([hold], seconds, MASTER_TIMEOUT, errors)
         if sum(1 for r in results if r is not None and r[0] == 1) < self.majority:
-            hold.gone("the hold was gone on a majority of masters when extended")
-            raise LockNotOwnedError(
-                f"{hold.name!r}: the hold was gone on a majority of masters when extended"
+            gone = sum(1 for r in results if r is not None and r[0] == 0)
+            if gone > len(results) - self.majority:
+                hold.gone("the hold was gone on a majority of masters when extended")
+                raise LockNotOwnedError(
+                    f"{hold.name!r}: the hold was gone on a majority of masters when extended"
+                )
+            # Too few answered to know: the hold stands until its validity ends.
+            raise _too_few(
+                f"Redlock {hold.name!r}: not extended",
+                [*(r for r in results if r is not None), *errors],
+                self.majority,
+                len(results),
             )
         new_expiry = sent + self._validity(seconds)
         if new_expiry > hold.expires_at:
@@ -469,14 +517,19 @@ class Redlock:
         """Have every Client find out its mode (one INFO on first use), so that
         a round sends at once, in order, on every master it reaches; refuse
         cluster mode."""
-        unsettled = [m.engine for m in self._masters if m.engine.cluster is None]
+        unsettled = [m for m in self._masters if m.engine.cluster is None]
         if unsettled:
             # At most MASTER_TIMEOUT (a paused master): a master not settled by
             # then is left out of this attempt (and tried again by the next).
-            tasks = [asyncio.ensure_future(e.is_cluster()) for e in unsettled]
-            for task in tasks:
+            # Once a majority is settled, the others are not waited for (each
+            # attempt would wait MASTER_TIMEOUT for a paused master before it
+            # asks the others): they settle in the background, for the next.
+            tasks = [asyncio.ensure_future(m.engine.is_cluster()) for m in unsettled]
+            for master, task in zip(unsettled, tasks, strict=True):
                 task.add_done_callback(_collect)
-            await asyncio.wait(tasks, timeout=MASTER_TIMEOUT)
+                task.add_done_callback(functools.partial(_settled, master))
+            if len(self._masters) - len(unsettled) < self.majority:
+                await asyncio.wait(tasks, timeout=MASTER_TIMEOUT)
         if any(m.engine.cluster for m in self._masters):
             raise UnsupportedServerError(
                 "Redlock needs standalone masters (one Client per independent server); "
@@ -557,7 +610,13 @@ class Redlock:
             if master.engine.cluster is None:
                 # Not settled (never reached): its first command would wait for
                 # that, and a later undo could overtake it. Nothing is sent.
-                on_reply(i, None, ConnectionFailedError("this master was not reached yet"))
+                error = ConnectionFailedError(
+                    "this master was not reached yet"
+                    + (f" ({master.failure})" if master.failure is not None else "")
+                )
+                if master.failure is not None:
+                    error.__cause__ = _redis_cause(master.failure)
+                on_reply(i, None, error)
                 continue
             keys, args = call(master)
             master.engine.send_script(script, keys, args, handler(i, master, keys, args))
@@ -660,17 +719,23 @@ class Redlock:
             return master.keys(name).acquire, (value, ms, secrets.token_hex(8), *common)
 
         def decided(replies: list[Any]) -> bool:
-            # A majority accepted the proposed token (it implies a grant), or
-            # none can be granted; else a majority granted (a master that
-            # answers later and grants too is part of the hold: renewed and
-            # released by value). Until some master shows the roster, wait for
-            # every reply (a new deployment founds the roster only from all N).
+            # A majority accepted the proposed token (it implies a grant); or
+            # the outcome of a failed attempt is known: busy on more masters
+            # than a minority (held, whatever the rest say), or failed on more
+            # (too few can answer: ConnectionFailedError). A mix of both (one
+            # busy, one unreachable of three) waits for the rest: a "busy"
+            # still to come makes it busy, not a connection failure. Else a
+            # majority granted (a master that answers later and grants too is
+            # part of the hold: renewed and released by value). Until some
+            # master shows the roster, wait for every reply (a new deployment
+            # founds the roster only from all N).
             answers = [r for r in replies if isinstance(r, list)]
             if sum(1 for r in answers if r[6] == 1) >= majority:
                 return True
             granted = sum(1 for r in answers if r[0] == 1)
-            failed = sum(1 for r in replies if r is not None) - granted
-            if failed > n - majority:
+            busy = len(answers) - granted
+            failed = sum(1 for r in replies if r is not None) - len(answers)
+            if busy > n - majority or failed > n - majority:
                 return True
             rostered = any(r[5] for r in answers)
             return granted >= majority and (rostered or None not in replies)
@@ -704,11 +769,7 @@ class Redlock:
         if granted < majority:
             await self._undo_and_wait(name, value, replies)
             if len(answers) < majority:
-                errors = [r for r in replies if isinstance(r, BaseException)]
-                raise ConnectionFailedError(
-                    f"Redlock {name!r}: only {len(answers)} of {n} masters answered; "
-                    f"a majority ({majority}) is needed"
-                ) from (errors[0] if errors else None)
+                raise _too_few(f"Redlock {name!r}", replies, majority)
             busy = [int(r[1]) for r in answers if r[0] == 0]
             ttls = [t for t in busy if t > 0]
             hint = min(ttls) / 1000.0 if ttls else (lease_s if busy else _backoff(lease_s))
@@ -888,7 +949,7 @@ class Redlock:
                     f"Redlock {name!r}: no master could be reached to release it; "
                     "it frees itself when its lease runs out"
                 )
-                failure.__cause__ = error
+                failure.__cause__ = None if error is None else _redis_cause(error)
                 outcome.set_exception(failure)
             return
         code = 1 if any(codes) else 0
@@ -899,11 +960,16 @@ class Redlock:
             outcome.set_result(code)
 
     async def _renew_on_all(
-        self, holds: list[Hold], seconds: float, timeout: float
+        self,
+        holds: list[Hold],
+        seconds: float,
+        timeout: float,
+        errors: list[BaseException] | None = None,
     ) -> list[list[int] | None]:
         """Renew ``holds`` on every master (one call each): per master, one 1/0
-        per hold, or None where it failed or did not answer in time."""
-        ms = to_ms(seconds)
+        per hold, or None where it failed (the error added to ``errors``) or
+        did not answer in time."""
+        ms = to_ms(seconds) if seconds > 0 else 0  # (0: only check: fixed leases)
 
         def renew(master: _Master) -> Awaitable[Any]:
             keys = tuple(master.lock_key(h.name) for h in holds)
@@ -912,6 +978,8 @@ class Redlock:
             return engine.eval("redlock_renew", keys, args, mux=engine.renew_mux)
 
         replies = await self._on_all(renew, timeout)
+        if errors is not None:
+            errors.extend(r for r in replies if isinstance(r, BaseException))
         return [[int(x) for x in r] if isinstance(r, list) else None for r in replies]
 
     def _watch(self, hold: Hold) -> None:
@@ -939,7 +1007,7 @@ class Redlock:
         while self._watched:
             changed.clear()  # (set when the last hold left; holds were added since)
             now = loop.time()
-            earliest = min(h.expires_at for h in self._watched)
+            earliest = min((h.expires_at for h in self._watched if h.watchdog), default=next_round)
             if now < next_round:
                 try:
                     async with asyncio.timeout(min(next_round, earliest) - now):
@@ -948,26 +1016,33 @@ class Redlock:
                     pass
                 self._expire(loop.time())
                 continue
-            holds = list(self._watched)
+            # Fixed leases are checked (lease 0: nothing extended), in a call of their own.
+            renewed = [h for h in self._watched if h.watchdog]
+            checked = [h for h in self._watched if not h.watchdog]
             sent = loop.time()
             timeout = max(min(period, earliest - sent), 0.001)
+            rounds = [(hs, lease) for hs, lease in ((renewed, self.lease), (checked, 0.0)) if hs]
             try:
-                results = await self._renew_on_all(holds, self.lease, timeout)
+                replies = await asyncio.gather(
+                    *(self._renew_on_all(holds, lease, timeout) for holds, lease in rounds)
+                )
             except Exception as exc:  # never let the watchdog die
                 log.warning("Redlock renewal round failed: %r", exc)
-                results = [None] * len(self._masters)
+                replies = [[None] * len(self._masters) for _ in rounds]
             short = 0  # holds renewed on no majority this round
-            for i, hold in enumerate(holds):
-                if hold not in self._watched:
-                    continue
-                alive = sum(1 for r in results if r is not None and r[i] == 1)
-                gone = sum(1 for r in results if r is not None and r[i] == 0)
-                if alive >= self.majority:
-                    hold.renewed(sent, self._validity(self.lease))
-                elif gone > len(self._masters) - self.majority:
-                    hold.gone("the hold was gone on a majority of masters")
-                else:
-                    short += 1
+            for (holds, lease), results in zip(rounds, replies, strict=True):
+                for i, hold in enumerate(holds):
+                    if hold not in self._watched:
+                        continue
+                    alive = sum(1 for r in results if r is not None and r[i] == 1)
+                    gone = sum(1 for r in results if r is not None and r[i] == 0)
+                    if alive >= self.majority:
+                        if lease:
+                            hold.renewed(sent, self._validity(self.lease))
+                    elif gone > len(self._masters) - self.majority:
+                        hold.gone("the hold was gone on a majority of masters")
+                    else:
+                        short += 1
             lost = len(self._watched)
             self._expire(loop.time())
             lost -= len(self._watched)
@@ -977,7 +1052,7 @@ class Redlock:
                     log.warning(
                         "Redlock renewals reached %d of %d masters, short of a majority "
                         "(%d); retrying each round, a lease is lost when its validity ends",
-                        sum(1 for r in results if r is not None),
+                        sum(1 for r in replies[0] if r is not None),
                         len(self._masters),
                         self.majority,
                     )
@@ -1016,6 +1091,36 @@ def _ignore(reply: Any, error: BaseException | None) -> None:
 def _transient(exc: BaseException) -> bool:
     """A failure of one master that counts as "no reply" (the others decide)."""
     return isinstance(exc, (*TRANSIENT, TimeoutError))
+
+
+def _too_few(
+    message: str, replies: list[Any], majority: int, n: int | None = None
+) -> ConnectionFailedError:
+    """The error for a decision that too few masters answered to take: it
+    says how many of ``n`` (``len(replies)``) answered (a reply other than
+    None or an exception), and redis-py's error (the first one) is its cause."""
+    causes = [_redis_cause(r) for r in replies if isinstance(r, BaseException)]
+    answered = sum(1 for r in replies if r is not None and not isinstance(r, BaseException))
+    n = n or len(replies)
+    if len(causes) > n - majority:  # (decided without waiting for the others)
+        why = f"{len(causes)} of {n} masters could not be reached ({causes[0]})"
+    else:
+        why = f"only {answered} of {n} masters answered"
+    error = ConnectionFailedError(
+        f"{message}: {why}; a majority ({majority}) must answer. Check that the masters "
+        "are up and reachable"
+    )
+    # redis-py's error where one came back (a master not reached yet has none).
+    error.__cause__ = next(
+        (c for c in causes if not isinstance(c, AiolockError)), causes[0] if causes else None
+    )
+    return error
+
+
+def _redis_cause(error: BaseException) -> BaseException:
+    """redis-py's (or the OS') exception behind an AiolockError, else ``error``."""
+    cause = error.__cause__
+    return cause if isinstance(error, ConnectionFailedError) and cause is not None else error
 
 
 def _backoff(lease: float) -> float:
@@ -1121,6 +1226,7 @@ class RedlockLock(Acquirable[Lease]):
                 waiter=waiter,
                 abandon=abandon,
                 parked=parked,
+                cut=False,  # each round is bounded (MASTER_TIMEOUT), and says who answered
             )
         except BaseException:
             # An attempt cancelled or timed out anywhere (even after it
@@ -1149,10 +1255,10 @@ class RedlockLock(Acquirable[Lease]):
                 del rl._holds[name]
 
         hold.on_detach = detached
-        if lease is None:
-            rl._watch(hold)
-        else:
+        if lease is not None:
             hold.timer = loop.call_at(valid_until, hold.gone, FIXED_LEASE_EXPIRED)
+        rl._watch(hold)  # renewed, or (a fixed lease) checked each round
+        rl._heed(hold)
         return hold.new_lease()
 
     async def release(self) -> None:
@@ -1170,15 +1276,33 @@ class RedlockLock(Acquirable[Lease]):
         self._redlock._enter_task()
         return await self._redlock._on_all(command, MASTER_TIMEOUT)
 
+    def _decide(self, replies: list[Any], yes: Callable[[Any], bool], what: str) -> bool:
+        """True when ``yes`` holds for a majority of the answers, False when it
+        fails for more than a minority; else too few masters answered to know:
+        ConnectionFailedError (redis-py's error, or the timeout, as its cause)."""
+        rl = self._redlock
+        n, majority = len(rl._masters), rl.majority
+        answers = [r for r in replies if r is not None and not isinstance(r, BaseException)]
+        ayes = sum(1 for r in answers if yes(r))
+        if ayes >= majority:
+            return True
+        if len(answers) - ayes > n - majority:
+            return False
+        raise _too_few(f"Redlock {self.name!r}: cannot tell {what}", replies, majority)
+
     async def is_locked(self) -> bool:
-        """True if the lock's key is on a majority of masters (one round trip each)."""
+        """True if the lock's key is on a majority of masters (one round trip each).
+
+        ConnectionFailedError when too few masters answered to tell."""
         replies = await self._each(
             lambda m: m.engine.call(m.lock_key(self.name), b"EXISTS", m.lock_key(self.name))
         )
-        return sum(1 for r in replies if r == 1) >= self._redlock.majority
+        return self._decide(replies, lambda r: r == 1, "whether it is locked")
 
     async def is_owned(self) -> bool:
-        """True if the current task holds the lock, confirmed by a majority of masters."""
+        """True if the current task holds the lock, confirmed by a majority of masters.
+
+        ConnectionFailedError when too few masters answered to tell."""
         hold = self._my_hold()
         if hold is None or hold.lost:
             return False
@@ -1186,7 +1310,7 @@ class RedlockLock(Acquirable[Lease]):
         replies = await self._each(
             lambda m: m.engine.call(m.lock_key(self.name), b"GET", m.lock_key(self.name))
         )
-        return sum(1 for r in replies if r == value) >= self._redlock.majority
+        return self._decide(replies, lambda r: r == value, "whether this task holds it")
 
     async def hold_count(self) -> int:
         """How many times the current task holds the lock (0 if not). No round trip."""
@@ -1199,6 +1323,8 @@ class RedlockLock(Acquirable[Lease]):
         replies = await self._each(
             lambda m: m.engine.call(m.lock_key(self.name), b"PTTL", m.lock_key(self.name))
         )
+        if not self._decide(replies, lambda r: r != -2, "whether it is locked"):
+            return None
         ttls = sorted(
             (
                 math.inf if r == -1 else r / 1000.0
@@ -1207,25 +1333,40 @@ class RedlockLock(Acquirable[Lease]):
             ),
             reverse=True,
         )
-        majority = self._redlock.majority
-        return ttls[majority - 1] if len(ttls) >= majority else None
+        return ttls[self._redlock.majority - 1]
 
     async def force_release(self) -> bool:
         """Delete the lock on every master whoever holds it; True if it was held on any.
 
-        The evicted holder's lease is lost (at once in this Redlock, at its
-        next renewal elsewhere). Fencing tokens keep increasing.
+        The evicted holder's lease is lost: at once in this Redlock; in
+        another, as soon as a majority of its masters told it through their
+        eviction channels (pub/sub mode, connected), else at its next
+        renewal or check (every ``lease / 3``, fixed leases included).
+        Fencing tokens keep increasing.
         """
         name = self.name
         replies = await self._each(
             lambda m: m.engine.eval(
-                "redlock_force_release", (m.lock_key(name),), (m.channel(name),)
+                "redlock_force_release",
+                (m.lock_key(name),),
+                (m.channel(name), lost_prefix(m.engine.prefix)),
             )
         )
         hold = self._redlock._holds.get(name)
         if hold is not None:
             hold.mark_lost("force-released")
-        return any(r == 1 for r in replies)
+        if any(r == 1 for r in replies):
+            return True
+        # Nothing deleted where it answered: "not held" only if a majority said so.
+        rl = self._redlock
+        if sum(1 for r in replies if r == 0) > len(rl._masters) - rl.majority:
+            return False
+        raise _too_few(
+            f"Redlock {name!r}: force-release deleted nothing where it reached, and cannot "
+            "tell whether it was held",
+            replies,
+            rl.majority,
+        )
 
     def _loop(self) -> asyncio.AbstractEventLoop | None:
         return self._redlock.loop

@@ -177,20 +177,23 @@ def describe_source(root: Path, ref: str | None, sha: str | None) -> str:
 class Worker:
     """One ``benchmarks._worker`` process and its JSON-lines pipe."""
 
-    def __init__(self, label: str, logdir: Path) -> None:
+    def __init__(self, label: str, logdir: Path, root: Path | None = None) -> None:
         self.label = label
         self.logpath = logdir / f"worker-{label}.log"
         self.proc: asyncio.subprocess.Process | None = None
+        #: Where this worker imports ``aiolock`` from (default: ``SOURCE_ROOT``; ``--compare``).
+        self.root = root
 
     async def start(self) -> None:
+        root = self.root or SOURCE_ROOT
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SOURCE_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
         with open(self.logpath, "ab") as logfile:  # noqa: ASYNC230  (before any timing)
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "benchmarks._worker",
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=logfile, cwd=str(SOURCE_ROOT), env=env, limit=1 << 28,
+                stderr=logfile, cwd=str(root), env=env, limit=1 << 28,
             )  # fmt: skip
 
     @property
@@ -603,6 +606,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="REF",
         help="benchmark aiolock as committed at this git ref (default: the work tree)",
     )
+    from benchmarks import compare
+
+    compare.add_arguments(ap)
     ap.add_argument("--raw", action="store_true", help="also write raw.json (large)")
     ap.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     ap.add_argument("--from-raw", type=Path, metavar="RAW_JSON",
@@ -625,6 +631,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     global SOURCE_ROOT
     args = parse_args(argv)
+    if args.compare:
+        from benchmarks import compare
+
+        return compare.main(args, argv)
     cfg = QUICK if args.quick else FULL
     sha = None
     if args.aiolock_ref:

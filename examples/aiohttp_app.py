@@ -39,8 +39,10 @@ routes = web.RouteTableDef()
 def create_app(redis_url: str = REDIS_URL) -> web.Application:
     async def redis_and_locks(app: web.Application) -> AsyncIterator[None]:
         # Before the yield: start-up. After it: clean-up, when the app stops.
-        # One aiolock Client per process (per event loop): it holds the only
-        # connections aiolock needs, one for commands and one for pub/sub.
+        # One aiolock Client per process (per event loop): it opens at most
+        # three connections of its own however many requests wait for locks
+        # (commands; pub/sub once a request waits; the watchdog's renewals once
+        # a hold outlives lease / 3: README "Connections"), besides `db`'s pool.
         db = Redis.from_url(redis_url, decode_responses=True)
         async with aiolock.Client(db, prefix="shop") as locks:
             app[DB] = db

@@ -34,8 +34,11 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://localhost:6379/0")
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# Creating a Client does no I/O: it connects on first use, on the event loop
-# that first uses it, so module level is fine.
+# Creating a Client does no I/O: it connects on first use and binds to the
+# event loop that first uses it. Module level is fine here because this
+# program runs one event loop (one asyncio.run()); a second loop using it
+# (another asyncio.run(), a test framework's per-test loop, another thread)
+# gets WrongEventLoopError: there, create one Client per loop (README, Errors).
 db = Redis.from_url(REDIS_URL, decode_responses=True)
 locks = aiolock.Client(db, prefix="example-decorator")
 RUN = secrets.token_hex(3)  # keeps this run's keys apart from other runs'

@@ -41,9 +41,10 @@ class State(TypedDict):
 def create_app(redis_url: str = REDIS_URL) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[State]:
-        # One aiolock Client per process (per event loop): it holds the only
-        # connections aiolock needs, one for commands and one for pub/sub,
-        # however many requests wait for locks.
+        # One aiolock Client per process (per event loop): it opens at most
+        # three connections of its own however many requests wait for locks
+        # (commands; pub/sub once a request waits; the watchdog's renewals once
+        # a hold outlives lease / 3: README "Connections"), besides `db`'s pool.
         db = Redis.from_url(redis_url, decode_responses=True)
         async with aiolock.Client(db, prefix="shop") as locks:
             yield {"locks": locks, "db": db}

@@ -64,6 +64,16 @@ def is_quiet(client: Client) -> bool:
     )
 
 
+def parked_on_channels(client: Client) -> int:
+    """Tasks of ``client`` parked on a channel right now (a pub/sub channel, or a
+    list-mode BLPOP loop's): past the retry that follows their registration, so
+    only a wake-up or their TTL bound (list mode: 1 s) frees them."""
+    engine = client._engine
+    channels = [*engine.listener.channels.values()]
+    channels += [signal.channel for signal in engine.signals._signals.values()]
+    return sum(channel.parked for channel in channels)
+
+
 async def assert_clean(client: Client, *clients: Client) -> None:
     """Every local trace of locking is gone: no holds, waiters, channels, leases, I/O."""
     for c in (client, *clients):
@@ -94,27 +104,35 @@ async def cancel_at_random(
     """The cancellation fuzzes' driver: ``rounds`` rounds of ``tasks``
     contenders at once, a ``share`` of them cancelled after ``delay(rng)``.
 
-    Checks that every cancellation delivered ended its task cancelled (none
-    swallowed), lets TimeoutError pass, re-raises any other error. Returns
-    how many tasks ended cancelled.
+    Checks every task against every cancel: each scheduled cancel has fired
+    (awaited, not slept for); a task whose cancel was delivered (``cancel()``
+    returned True) ended cancelled (none swallowed); any other task did not
+    (no cancellation from nowhere). Lets TimeoutError pass, re-raises any other
+    error. Returns how many tasks ended cancelled.
     """
     loop = asyncio.get_running_loop()
     cancelled = 0
     for _ in range(rounds):
         running = [asyncio.create_task(contender()) for _ in range(tasks)]
         requested: dict[asyncio.Task[None], bool] = {}
+        fired: list[asyncio.Future[None]] = []
         for task in running:
             if rng.random() < share:
+                done: asyncio.Future[None] = loop.create_future()
 
                 def cancel(
                     t: asyncio.Task[None] = task,
                     requested: dict[asyncio.Task[None], bool] = requested,
+                    done: asyncio.Future[None] = done,
                 ) -> None:
                     requested[t] = t.cancel()
+                    done.set_result(None)
 
                 loop.call_later(delay(rng), cancel)
+                fired.append(done)
         results = await asyncio.gather(*running, return_exceptions=True)
-        await asyncio.sleep(0.012)  # let every scheduled cancel fire
+        await asyncio.gather(*fired)  # every scheduled cancel has fired
+        assert len(requested) == len(fired)
         for task, result in zip(running, results, strict=True):
             if isinstance(result, asyncio.CancelledError):
                 cancelled += 1
@@ -122,6 +140,8 @@ async def cancel_at_random(
                 raise result
             if requested.get(task):
                 assert task.cancelled(), "a delivered cancellation was swallowed"
+            else:
+                assert not task.cancelled(), "a task ended cancelled that nobody cancelled"
     return cancelled
 
 

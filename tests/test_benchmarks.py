@@ -149,3 +149,39 @@ def test_quick_instrumentation_benchmark_writes_results(tmp_path: Path) -> None:
     for variant in ("off", "api", "sdk", "sdk+label", "sdk+trace", "debug-log"):
         assert f"\n| {variant} | " in results, results
     assert [p.name for p in tmp_path.iterdir()] == ["RESULTS_INSTRUMENTATION.md"]
+
+
+@pytest.mark.timeout(120)
+def test_quick_compare_reports_ratios(tmp_path: Path) -> None:
+    """``--compare REF`` runs the work tree and a commit interleaved and reports ratios.
+
+    HEAD against HEAD: every headline figure has a value for both and a ratio
+    (the numbers of a quick run mean nothing; no ratio is asserted).
+    """
+    if _server_binary() is None:
+        pytest.skip("redis-server not on PATH (and AIOLOCK_BENCH_SERVER not set)")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    cmd = [sys.executable, "-m", "benchmarks", "--compare", "HEAD", "--quick",
+           "--out", str(tmp_path)]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=110, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        # The exported commit is removed; only the worker logs stay (as in a full run).
+        left = sorted(p.name for p in tmp.iterdir())
+        assert [name.rsplit("-", 1)[0] for name in left] == ["aiolock-bench-logs"], left
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    data = json.loads((tmp_path / "compare.json").read_text())
+    assert data["labels"] == ["work tree", "HEAD"]
+    assert data["errors"] == []
+    rows = {row["key"]: row for row in data["summary"]["rows"]}
+    for key in ("t10_acq_s", "t100_acq_s", "t1000_acq_s", "t10_share", "t100_share",
+                "t1000_share", "handoff_p50_us", "uncontended_p50_us",
+                "memory_per_waiter_kib", "requests_per_acq", "inner_per_acq"):  # fmt: skip
+        assert len(rows[key]["values"]["work tree"]) == 1, key
+        assert len(rows[key]["ratios"]["HEAD"]) == 1, key
+        assert rows[key]["ratios"]["HEAD"][0] > 0, key
+    text = (tmp_path / "COMPARE.md").read_text()
+    assert "| figure | work tree | HEAD | HEAD / work tree |" in text

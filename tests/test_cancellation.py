@@ -15,7 +15,7 @@ import pytest
 
 from aiolock import Client, Lease
 from aiolock._core.listener import Channel
-from tests.core_util import assert_clean, cancel_at_random, eventually
+from tests.core_util import assert_clean, cancel_at_random, eventually, parked_on_channels
 from tests.servers import RedisServer
 
 
@@ -63,11 +63,13 @@ async def test_cancel_while_queued_locally(client: Client) -> None:
 async def test_cancel_while_parked_on_channel(client: Client, other_client: Client) -> None:
     held = await other_client.lock("p").acquire()
     task = asyncio.create_task(client.lock("p").acquire())
-    await eventually(lambda: client.statistics().subscriptions == 1, what="subscription")
-    await asyncio.sleep(0.05)
+    # Parked: subscribed, past its confirming retry, waiting for a message.
+    await eventually(lambda: parked_on_channels(client) == 1, what="the task parked")
+    assert client.statistics().subscriptions == 1
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    assert parked_on_channels(client) == 0
     await assert_clean(client)
     await held.release()
 

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from aiolock import Client, LockLostError, Redlock
+from aiolock import Client, LockLostError, LockTimeoutError, Redlock
 from aiolock._core.keys import main_key
 from aiolock.cli import main
 from aiolock.cli.ops import Server, Target, add_arguments, state_json
@@ -41,8 +41,8 @@ from tests.servers import find_free_port
 
 #: The fields of one primitive in ``ls --json`` / ``inspect --json`` (the README's).
 PRIMITIVE_FIELDS = {
-    "name", "kind", "key", "held", "ttl_ms", "holders", "waiters",
-    "untracked_waiters", "last_token", "last_released", "details",
+    "name", "kind", "key", "state", "held", "ttl_ms", "holders", "waiters",
+    "untracked_waiters", "waiters_not_shown", "last_token", "last_released", "details",
 }  # fmt: skip
 HOLDER_FIELDS = {"owner", "client_id", "task", "role", "ttl_ms", "token", "count", "permits"}
 WAITER_FIELDS = {"client_id", "role", "ttl_ms", "task", "owner", "permits"}
@@ -239,7 +239,9 @@ async def test_ls_and_inspect_show_every_kind(
             (b.id, "claim", 2)
         ]
         assert found[("k:latch", "latch")]["details"] == {"count": 2, "generation": 0}
-        assert found[("k:latch", "latch")]["held"] is True
+        assert found[("k:latch", "latch")]["held"] is False  # nobody holds a latch
+        assert found[("k:latch", "latch")]["state"] == "counting down"
+        assert found[("k:lock", "lock")]["state"] == "held"
         assert holder("k:red", "redlock")["owner"] == me
         assert found[("k:red", "redlock")]["last_token"] == red.fencing_token
 
@@ -255,7 +257,8 @@ async def test_ls_and_inspect_show_every_kind(
         assert code == 0, out
         assert f"held by task {me.rsplit(':', 1)[1]} of client {a.id} (owner {me})" in out
         assert f"fencing token {lock.fencing_token}" in out
-        assert "1 waiting (1 Client):\n    task" in out and f"of client {b.id}" in out
+        assert "waiting: 1 recorded in Redis (1 Client):\n    task" in out
+        assert f"of client {b.id}" in out
         assert "aiolock:{k:lock}:fence  hash" in out and "aiolock:{k:lock}:wq  zset" in out
         code, out, _ = await cli("inspect", "k:rw")
         assert out.count("held for reading by task") == 2 and "writer task" in out
@@ -353,6 +356,167 @@ async def test_ls_filters_by_pattern_with_scan_not_keys(
 # --------------------------------------------------------------------------- force-release
 
 
+def waiting_column(out: str) -> dict[str, list[str]]:
+    """``ls``'s table rows by name (the legend under the table left out)."""
+    lines = out.splitlines()
+    assert lines[0].split()[-1] == "WAITING", out
+    rows = {}
+    for line in lines[1:]:
+        if line.startswith("WAITING:"):
+            break
+        rows[line.split()[0]] = line.split()
+    return rows
+
+
+async def test_a_try_that_will_not_wait_leaves_no_trace(
+    cli: Cli, admin: aioredis.Redis, make_client: MakeClient, notify: str
+) -> None:
+    # A failed try_acquire() used to flag the hold "~n" (untargeted waiters)
+    # until the hold ended: `ls` showed WAITING "0+" although nobody waited.
+    a = await make_client()
+    b = await make_client(notify=notify)
+    lock = await a.lock("t:busy").acquire()
+    write = await a.rw_lock("t:rw").write.acquire()
+    assert await b.lock("t:busy").try_acquire() is None
+    assert await b.spin_lock("t:busy").try_acquire() is None
+    assert await b.multi_lock(b.lock("t:free"), b.lock("t:busy")).try_acquire() is None
+    assert await b.rw_lock("t:rw").read.try_acquire() is None
+    assert not {"~n", "~w"} & set(await admin.hgetall("aiolock:{t:busy}"))
+    assert await admin.exists("aiolock:{t:busy}:wq", "aiolock:{t:rw}:rq") == 0
+    code, out, _ = await cli("ls", "t:*", "--json")
+    assert code == 0
+    found = by_kind(json.loads(out))
+    assert set(found) == {("t:busy", "lock"), ("t:rw", "rw_lock")}
+    for p in found.values():
+        assert (p["waiters"], p["untracked_waiters"]) == ([], False)
+    code, out, _ = await cli("ls", "t:*")
+    assert {name: row[-1] for name, row in waiting_column(out).items()} == {
+        "t:busy": "0",
+        "t:rw": "0",
+    }
+    code, out, _ = await cli("inspect", "t:busy")
+    assert "waiting: none recorded in Redis" in out and "possibly more" not in out
+
+    # A task that does wait is still seen (registered, or flagged "+" when it
+    # cannot register), and the release still wakes it, in every notify mode.
+    waiter = asyncio.create_task(b.lock("t:busy").acquire())
+    if notify == "pubsub":
+        await eventually(lambda: admin.zcard("aiolock:{t:busy}:wq"), what="the waiter registered")
+    else:
+        await eventually(lambda: admin.hexists("aiolock:{t:busy}", "~n"), what="the waiter's flag")
+    code, out, _ = await cli("ls", "t:busy")
+    assert waiting_column(out)["t:busy"][-1] == ("1" if notify == "pubsub" else "0+")
+    await lock.release()
+    got = await asyncio.wait_for(waiter, 10)  # woken: long before the hold's 30 s TTL
+    await got.release()
+    await write.release()
+
+
+@pytest.mark.parametrize("mode", ["list", "poll"])
+async def test_an_unregistered_waiter_that_gave_up_stops_counting(
+    url: str, make_client: MakeClient, mode: str
+) -> None:
+    # A task that cannot register flags the hold "~n" with "~nx", the time its
+    # next try is due; once it is overdue the task is no longer counted,
+    # although the flag stays for the release (described at a later clock).
+    holder = await make_client()
+    waiter = await make_client(notify=mode, lease=SHORT_LEASE)
+    lease = await holder.lock("gone").acquire(lease=60.0)  # a fixed expiry: no renewal
+    with pytest.raises(LockTimeoutError):
+        await waiter.lock("gone").acquire(timeout=0.2)
+    server = await Server.open(Target(url, "aiolock", None, {}))
+    try:
+        (raw,) = await server.read_raw(server.nodes[0], ["gone"])
+    finally:
+        await server.aclose()
+    fields = raw.keys[""].value
+    due = int(fields["~nx"])
+    ttl = raw.keys[""].pttl
+    assert raw.now_ms + ttl < due <= raw.now_ms + ttl + int(SHORT_LEASE * 1000) + 1000
+    (now,) = describe(raw).primitives
+    assert now.untracked_waiters and now.waiting == "0+"
+    (later,) = describe(replace(raw, now_ms=due + 1)).primitives
+    assert not later.untracked_waiters and later.waiting == "0"
+    await lease.release()
+
+
+async def test_a_force_release_grant_leaves_no_phantom_waiter(
+    cli: Cli, admin: aioredis.Redis, make_client: MakeClient
+) -> None:
+    # force_release.lua used to mark the hold it granted to a registered waiter
+    # "~n" (untargeted waiters) whether or not anyone waited so.
+    a, b, c = await make_client(), await make_client(), await make_client()
+    await a.lock("t:fr").acquire()
+    waiter = asyncio.create_task(b.lock("t:fr").acquire())
+    await eventually(lambda: admin.zcard("aiolock:{t:fr}:wq"), what="the waiter registered")
+    assert await c.lock("t:fr").force_release()
+    got = await asyncio.wait_for(waiter, 10)  # granted by the force-release
+    assert "~n" not in await admin.hgetall("aiolock:{t:fr}")
+    code, out, _ = await cli("ls", "t:fr", "--json")
+    assert code == 0
+    (p,) = json.loads(out)["locks"]
+    assert (p["state"], p["waiters"], p["untracked_waiters"]) == ("held", [], False)
+    await got.release()
+
+
+async def test_every_command_says_what_redis_cannot_show(
+    cli: Cli, admin: aioredis.Redis, client: Client, other_client: Client
+) -> None:
+    # Two tasks wait for the lock (one queued inside the holder's own Client,
+    # one of another Client): Redis records one, and every output says so. A
+    # latch counting down has the same word everywhere, and its waiters are
+    # shown as not recorded, not as none.
+    a, b = client, other_client
+    lease = await a.lock("v:lock").acquire()
+    tasks = [asyncio.create_task(a.lock("v:lock").acquire())]
+    await eventually(lambda: a.lock("v:lock").statistics().waiting == 1, what="queued locally")
+    tasks.append(asyncio.create_task(b.lock("v:lock").acquire()))
+    await eventually(lambda: admin.zcard("aiolock:{v:lock}:wq"), what="the waiter registered")
+    latch = a.latch("v:latch", 2)
+    assert await latch.try_set_count()
+    tasks.append(asyncio.create_task(b.latch("v:latch", 2).wait()))
+    try:
+        await eventually(lambda: b.latch("v:latch", 2).statistics().waiting == 1, what="parked")
+        code, out, _ = await cli("ls", "v:*")
+        assert code == 0
+        rows = waiting_column(out)
+        assert rows["v:lock"][-1] == "1"
+        assert " ".join(rows["v:latch"][2:8]) == "(counting down: 2 to go) -"
+        assert rows["v:latch"][-1] == "?"
+        legend = out[out.index("WAITING: the waiters recorded in Redis") :]
+        assert "tasks queued inside the holder's own Client, are not in Redis" in legend
+        assert "? (latch): tasks in wait() are not recorded in Redis" in legend
+
+        code, out, _ = await cli("ls", "v:*", "--json")
+        found = by_kind(json.loads(out))
+        the_latch, the_lock = found[("v:latch", "latch")], found[("v:lock", "lock")]
+        assert (the_latch["state"], the_latch["held"]) == ("counting down", False)
+        assert "wait()" in the_latch["waiters_not_shown"]
+        assert "holder's own Client" in the_lock["waiters_not_shown"]
+
+        code, out, _ = await cli("inspect", "v:lock")
+        assert "waiting: 1 recorded in Redis (1 Client)" in out
+        assert "not visible from Redis: a waiting Client registers one task" in out
+        code, out, _ = await cli("inspect", "v:latch")
+        assert "counting down: 2 to go" in out
+        assert "waiting: tasks in wait() are not recorded in Redis" in out
+
+        code, out, _ = await cli("top", "--plain", "--iterations", "1", "v:*")
+        assert "1 held, 1 contended, 1 latch counting down" in out
+        assert "? (latch): tasks in wait() are not recorded in Redis" in out
+
+        code, out, err = await cli("force-release", "v:latch", "--yes")
+        assert code == 1 and "held by nobody" not in err + out
+        assert "latch 'v:latch' is counting down: 2 to go; a latch has no holder" in err
+    finally:
+        for task in tasks[:2]:
+            task.cancel()
+        await latch.count_down()
+        await latch.count_down()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await lease.release()
+
+
 @pytest.mark.usefixtures("one_backend")
 async def test_force_release_asks_then_evicts_the_holder(
     cli: Cli, make_client: MakeClient, admin: aioredis.Redis, url: str
@@ -375,8 +539,9 @@ async def test_force_release_asks_then_evicts_the_holder(
     code, out, err = await run_child("force-release", "job", "--url", url, stdin=b"y\n")
     assert code == 0, err
     assert f"force-released lock 'job' held by {owner[0]}" in out
-    assert "the holder's watchdog will report LockLostError" in out
-    # The waiter is woken (granted) at once; the holder learns it at its next renewal.
+    assert "The holder's Client was told on its eviction channel" in out
+    assert re.search(r"may run on until its own lease ends: at most \d+\.\d s", out)
+    # The waiter is woken (granted) at once; the holder is told at once.
     lease = await asyncio.wait_for(queued, SHORT_LEASE)
     assert lease.fencing_token > fence  # the fencing counter was kept
     await lease.release()
@@ -400,7 +565,8 @@ async def test_force_release_fair_and_rw_locks(cli: Cli, make_client: MakeClient
         code, out, _ = await cli("force-release", name, "--yes")
         assert code == 0, out
         assert f"force-released {words} '{name}' held by {owners[name][0]}" in out
-    # Both holders learn it at their next renewal (every lease / 3).
+        assert "The holder's Client was told on its eviction channel" in out
+    # Both holders are told at once (or find out at their next renewal, lease / 3).
     for task in held.values():
         assert isinstance(await asyncio.wait_for(task, 2 * SHORT_LEASE), LockLostError)
     for name in cases:
@@ -421,14 +587,45 @@ async def test_force_release_a_semaphore(cli: Cli, make_client: MakeClient) -> N
     assert code == 0, err
     assert "force-released semaphore 's': 3 permits held by " in out
     assert f"{owner[0]} (2 permits)" in out and f"{other.owner(asyncio.current_task())}" in out
-    assert "their watchdogs will report LockLostError" in out
-    # Every holder learns it at its next renewal (every lease / 3).
+    assert "The holder's Client was told on its eviction channel" in out
+    # Every holder is told at once (or finds out at its next renewal, lease / 3).
     assert isinstance(await asyncio.wait_for(held, 2 * SHORT_LEASE), LockLostError)
     await eventually(lambda: local.lost, timeout=2 * SHORT_LEASE, what="the other holder's loss")
     assert await other.semaphore("s", 1).get_permits() == 4
     assert await other.semaphore("s", 1).in_use() == 0
     code, out, _ = await cli("force-release", "s", "--yes")
     assert code == 1 and "no lock named 's' is held" in out
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair_lock", "rw_lock", "semaphore"])
+async def test_force_release_tells_a_fixed_lease_holder_at_once(
+    cli: Cli, make_client: MakeClient, kind: str
+) -> None:
+    """Issue 20: the CLI's force release reaches a holder of a fixed lease (no
+    renewal) whose Client's watchdog would not run during the test (a long
+    Client lease): it is told on its eviction channel. The CLI says how long a
+    holder cut off from Redis may still run: the hold's remaining TTL."""
+    holder = await make_client(lease=90.0)
+    await holder.lock("warm").acquire()  # its eviction channel, confirmed
+    await eventually(
+        lambda: all(c.is_confirmed for c in holder._engine.evictions._channels.values()),
+        what="the eviction channel confirmed",
+    )
+    prim: Any = {
+        "lock": holder.lock("fx"),
+        "fair_lock": holder.fair_lock("fx"),
+        "rw_lock": holder.rw_lock("fx").write,
+        "semaphore": holder.semaphore("fx", 2),
+    }[kind]
+    entered, owner = asyncio.Event(), []
+    held = asyncio.create_task(hold_until_lost(prim(lease=60.0), entered, owner, holder))
+    await entered.wait()
+    code, out, err = await cli("force-release", "fx", "--yes")
+    assert code == 0, err
+    found = re.search(r"at most (\d+\.\d) s from when it was looked up", out)
+    assert found and 30.0 < float(found.group(1)) <= 60.0, out
+    lost = await asyncio.wait_for(held, 10.0)  # the watchdog: not before 30 s
+    assert isinstance(lost, LockLostError) and "(force-released)" in str(lost)
 
 
 async def test_force_release_refuses_a_redlock_lock(cli: Cli, client: Client) -> None:

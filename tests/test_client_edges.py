@@ -81,14 +81,18 @@ async def test_idle_pubsub_connection_is_not_reconnected(
         listener._health_interval = HEALTH_INTERVAL  # read when its session starts
 
         async def contended_acquire_release() -> None:
+            # ``client`` only waits, and gives up: a Client that held a lock
+            # keeps its eviction channel (evict.py), so its link is never idle.
             held = await other.lock("k").acquire()
             waiter = asyncio.create_task(client.lock("k").acquire())
             await eventually(
                 lambda: any(c.is_confirmed for c in listener.channels.values()),
                 what="the waiter's subscription to be confirmed",
             )
+            waiter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
             await held.release()
-            await (await waiter).release()
 
         await contended_acquire_release()
         assert client.statistics().pubsub_connects == 1

@@ -80,6 +80,11 @@ def test_demo_without_the_lock_fails_its_checks(url: str) -> None:
     assert "FAIL  no lost update:" in out, out
     assert "FAIL  no two holders at once:" in out, out
     assert "checks FAILED (as expected without the lock)" in out, out
+    # It takes no lock: its figures are not called acquisitions or handoffs.
+    assert "acquisitions/s" not in out and "handoff p50" not in out, out
+    assert "handoff latency" not in out and "holds per lock" not in out, out
+    assert re.search(r"cycles/s \(no lock\) +[\d,-]+ +handoff n/a \(no lock\)", out), out
+    assert "read-modify-write cycles WITHOUT a lock in 1 s" in out, out
 
 
 def test_demo_starts_and_stops_an_embedded_redis(tmp_path: Path) -> None:

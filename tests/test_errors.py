@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import re
+import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -284,10 +287,96 @@ async def test_outage_longer_than_timeout(fresh_server: ServerProcess) -> None:
         assert held.lost
 
 
+# -- a server that accepts connections and never answers ------------------------------------
+
+
+def _redis_py_cause(error: BaseException) -> None:
+    """redis-py's exception is the ``__cause__`` itself: not an aiolock class
+    (an AiolockError, or an internal wrapper) with redis-py's one level down."""
+    cause = error.__cause__
+    assert cause is not None, repr(error)
+    assert type(cause).__module__.startswith("redis."), repr(cause)
+    assert not isinstance(cause, AiolockError), repr(cause)
+
+
+async def test_a_silent_server_is_a_connection_failure(fresh_server: ServerProcess) -> None:
+    """A server that accepts connections and never answers (SIGSTOP: the kernel
+    still completes the TCP handshake) is unreachable, not busy: every wait
+    ends in ConnectionFailedError, with redis-py's exception as its cause.
+
+    With a timeout shorter than the try under way: when the timeout ends it.
+    Without one: the first contact gives up after one ``command_timeout``
+    without a reply (the README's rule), not after several tries."""
+    fresh_server.pause()
+    slow = 1.5  # a command_timeout longer than the grace a try gets past the deadline
+    async with Client.from_url(fresh_server.url, prefix="e", command_timeout=slow) as client:
+        lock = client.lock("x")
+        start = time.monotonic()
+        with pytest.raises(ConnectionFailedError) as info:
+            await lock.acquire(timeout=0.5)
+        assert time.monotonic() - start < 2 * slow  # ended by the timeout + the try's grace
+        assert not isinstance(info.value, aiolock.LockTimeoutError)
+        assert "never found busy" in str(info.value), str(info.value)
+        _redis_py_cause(info.value)
+        with pytest.raises(ConnectionFailedError) as info:
+            await lock.try_acquire()  # not "busy" (None)
+        _redis_py_cause(info.value)
+    timeout = 1.0
+    async with Client.from_url(fresh_server.url, prefix="e", command_timeout=timeout) as client:
+        for call in (client.lock("x").acquire, client.fair_lock("y").acquire):
+            start = time.monotonic()
+            with pytest.raises(ConnectionFailedError) as info:
+                await call()
+            elapsed = time.monotonic() - start
+            # One command_timeout for the connect that never got an answer;
+            # at most twice that by the rule, plus scheduling on a loaded box.
+            assert timeout <= elapsed < 2 * timeout + 0.5, elapsed
+            message = str(info.value)
+            assert "command_timeout (1 s)" in message and "reachable" in message, message
+            _redis_py_cause(info.value)
+            _one_stop(message)
+
+
+@pytest.mark.parametrize("mode", ["standalone", "cluster", "sentinel"])
+async def test_a_refused_port_has_redis_pys_error_as_cause(mode: str) -> None:
+    """The connection could not be opened: the cause is redis-py's exception
+    itself, on every path (an internal "not sent" wrapper, or our own error
+    for a Sentinel that did not answer, used to sit between)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, not listening: refused
+        url = f"redis://127.0.0.1:{port}"
+        if mode == "sentinel":
+            client = Client.from_sentinel([("127.0.0.1", port)], "mymaster", prefix="e")
+        else:
+            client = Client.from_url(url, prefix="e", cluster=mode == "cluster")
+        async with client:
+            for call in (
+                client.lock("x").acquire,
+                client.lock("x").is_locked,
+                lambda: client.lock("x").acquire(timeout=0.2),
+            ):
+                with pytest.raises(ConnectionFailedError) as info:
+                    await call()
+                _redis_py_cause(info.value)
+                if mode != "cluster":  # (redis-py's cluster client raises its own class)
+                    assert type(info.value.__cause__) is redis.exceptions.ConnectionError, repr(
+                        info.value.__cause__
+                    )
+                _one_stop(str(info.value))
+
+
 # -- refusals ------------------------------------------------------------------------------
 
 
 async def test_password_required(fresh_server: ServerProcess) -> None:
+    url = fresh_server.url.replace("redis://", "redis://:s3cret@")  # none is set yet
+    async with Client.from_url(url, prefix="e") as client:
+        with pytest.raises(ServerRefusedError) as info:
+            await client.lock("a").is_locked()
+        # redis-py's text ends in a question mark: kept, no period after it.
+        assert "correct? Check" in str(info.value), str(info.value)
+        _one_stop(str(info.value))
     fresh_server.execute("CONFIG", "SET", "requirepass", "s3cret")
     async with Client.from_url(fresh_server.url, prefix="e") as client:
         with pytest.raises(ServerRefusedError) as info:
@@ -302,10 +391,19 @@ async def test_password_required(fresh_server: ServerProcess) -> None:
             await client.lock("a").is_locked()
         _check(info.value, redis.exceptions.AuthenticationError, "password")
         assert info.value.code == "WRONGPASS"
+        # redis-py's text ends in a period: one period, then the advice.
+        assert "disabled. Check" in str(info.value), str(info.value)
+        _one_stop(str(info.value))
     url = fresh_server.url.replace("redis://", "redis://:s3cret@")
     async with Client.from_url(url, prefix="e") as client:
         async with client.lock("a") as lease:
             assert lease.fencing_token > 0
+
+
+def _one_stop(message: str) -> None:
+    """No doubled punctuation where our text follows redis-py's."""
+    for doubled in ("..", "?.", "!.", ".)."):
+        assert doubled not in message, (doubled, message)
 
 
 async def test_acl_user_without_evalsha(fresh_server: ServerProcess) -> None:
@@ -357,6 +455,15 @@ async def test_key_held_by_redis_py_lock(server: RedisServer) -> None:
                         await call()
                 _check(info.value, redis.exceptions.ResponseError, "WRONGTYPE", "prefix")
                 assert info.value.code == "WRONGTYPE"
+                # Once: which key holds what, and what to do; no script SHA or line.
+                message = str(info.value)
+                assert re.search(
+                    r"key e:\{shared\}\S* holds a string where aiolock keeps a \w+\. ", message
+                ), message
+                for once in ("WRONGTYPE", "holds", "another name", "nothing was changed"):
+                    assert message.count(once) == 1, (once, message)
+                assert not re.search(r"[0-9a-f]{40}|script|user_script", message), message
+                _one_stop(message)
             assert await foreign.owned(), "the foreign lock is untouched"
             await assert_clean(client)
     finally:

@@ -602,19 +602,31 @@ async def test_lost_lease_cancels_the_body_and_the_next_waiter_gets_it(
 
 
 async def test_fixed_lease_expires_and_the_queue_moves_on(make: MakeClient) -> None:
-    a, b = await make(), await make(lease=SHORT)
+    a, b, c = await make(), await make(lease=SHORT), await make()
     lock = a.fair_lock("fixed")
-    # The fixed lease outlasts queueing the waiter even on a stalled machine.
-    with pytest.raises(LockLostError, match="fixed lease"):
+    # Both queue behind c's hold first: the fixed lease starts when the lock is
+    # handed to a, with b already queued behind it, however long queueing took.
+    first = await c.fair_lock("fixed").acquire()
+    reached_end = False
+
+    async def hold_until_lost() -> None:
+        nonlocal reached_end
         async with lock(lease=3):
-            waiter = await enqueue(lock, b.fair_lock("fixed").acquire(lease=60), 1)
             await asyncio.sleep(30)
+            reached_end = True
+
+    holder = await enqueue(lock, hold_until_lost(), 1)
+    waiter = await enqueue(lock, b.fair_lock("fixed").acquire(lease=60), 2)
+    await first.release()  # handed to a; its fixed lease runs out, unreleased
+    with pytest.raises(LockLostError, match="fixed lease"):
+        await holder
+    assert not reached_end
     got = await asyncio.wait_for(waiter, 10)
     ttl = await lock.remaining_ttl()
     # The waiter's own fixed lease once confirmed: not the grace (its Client's 4.5 s).
     assert ttl is not None and 50 < ttl <= 60
     await got.release()
-    await assert_clean(a, b)
+    await assert_clean(a, b, c)
 
 
 # --------------------------------------------------------------------------- fuzz

@@ -174,8 +174,12 @@ async def test_a_hold_deleted_by_someone_else_is_lost(
 
 
 async def test_a_lock_force_released_by_another_client_is_lost(url: str) -> None:
+    # Poll mode: no eviction channel (evict.py), so the watchdog is what finds
+    # out (test_force_told.py has the Client told at once in pub/sub mode).
     async with (
-        Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client,
+        Client.from_url(
+            url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT, notify="poll"
+        ) as client,
         Client.from_url(url, prefix=PREFIX) as other,
     ):
         body = Body(client.lock("res"))

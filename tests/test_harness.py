@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry  # NOT redis.retry.Retry: that one is sync
 from redis.backoff import NoBackoff
 
-from tests.conftest import _mode, _ServerPool
+from tests.conftest import _mode, _server_params, _ServerPool
 from tests.core_util import eventually
 from tests.servers import (
     RedisServer,
@@ -72,16 +72,49 @@ def test_shared_server_answers_ping(server: RedisServer, url: str) -> None:
         assert "valkey_version" not in info
 
 
-def test_shared_server_is_flushed_between_tests_part1(server: RedisServer) -> None:
+_FLUSH_TESTS = """
+from pathlib import Path
+
+MARKS = Path(__file__).parent
+
+
+def test_part1(server):
     server.execute("SET", "leftover", "1")
     server.execute("SCRIPT", "LOAD", "return 1")
+    (MARKS / f"part1-{server.port}").touch()
 
 
-def test_shared_server_is_flushed_between_tests_part2(server: RedisServer) -> None:
-    # Runs after part1 for the same backend (file order): the autouse fixture flushed.
+def test_part2(server):
+    # Part 1 ran first on this very server (file order, one process): the
+    # autouse fixture flushed between the two.
+    assert (MARKS / f"part1-{server.port}").exists()
     assert server.execute("DBSIZE") == 0
     sha = "e0e1f9fabfc9d4800c877a703b823ac0578ff8db"  # sha1("return 1")
     assert server.execute("SCRIPT", "EXISTS", sha) == [0]
+"""
+
+
+def test_shared_server_is_flushed_between_tests(tmp_path: Path) -> None:
+    # The backends the inner session runs (a missing binary skips, as here).
+    backends = sum(1 for param in _server_params() if not param.marks)
+    if not backends:
+        pytest.skip("no server binary")
+    # Its own pytest session (one process, file order), whatever this one's
+    # workers and order: part 2 always runs after part 1, on the same server.
+    (tmp_path / "test_inner.py").write_text(_FLUSH_TESTS)
+    (tmp_path / "pytest.ini").write_text(_GUARD_INI)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
+         "-p", "no:randomly", "-q", "-c", str(tmp_path / "pytest.ini"), "--rootdir",
+         str(tmp_path), str(tmp_path / "test_inner.py")],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=100, check=False,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert f"{2 * backends} passed" in out, out
+    assert len(list(tmp_path.glob("part1-*"))) == backends, out
 
 
 def test_both_backends_distinct(_server_pool: _ServerPool) -> None:

@@ -40,9 +40,9 @@ def test_lock_names() -> None:
         "fence": "p:{n}:fence",
         "wq": "p:{n}:wq",
         "wait_prefix": "p:{n}:w:",
-        "acquire": ("p:{n}", "p:{n}:fence", "p:{n}:wq"),
+        "acquire": ("p:{n}", "p:{n}:fence", "p:{n}:wq", "p:{n}:signal"),
         "free": ("p:{n}", "p:{n}:fence", "p:{n}:signal", "p:{n}:wq"),
-        "multi": ("p:{n}", "p:{n}:fence"),
+        "multi": ("p:{n}", "p:{n}:fence", "p:{n}:wq", "p:{n}:signal"),
     }
     assert keys.wait_channel(CID) == f"p:{{n}}:w:{CID}".encode()
 
@@ -78,8 +78,24 @@ def test_rw_names() -> None:
         "wchannel": b"p:{n}:wch",
         "wsignal": "p:{n}:wsignal",
         "local": "p:{n}:rw",
-        "acquire_read": ("p:{n}", "p:{n}:fence", "p:{n}:wq", "p:{n}:rq"),
-        "acquire_write": ("p:{n}", "p:{n}:fence", "p:{n}:wq"),
+        "acquire_read": (
+            "p:{n}",
+            "p:{n}:fence",
+            "p:{n}:wq",
+            "p:{n}:rq",
+            "p:{n}:rel",
+            "p:{n}:signal",
+            "p:{n}:wsignal",
+        ),
+        "acquire_write": (
+            "p:{n}",
+            "p:{n}:fence",
+            "p:{n}:wq",
+            "p:{n}:rq",
+            "p:{n}:rel",
+            "p:{n}:signal",
+            "p:{n}:wsignal",
+        ),
         "release_read": ("p:{n}", "p:{n}:rel", "p:{n}:wsignal"),
         "release_write": (
             "p:{n}",
@@ -90,7 +106,14 @@ def test_rw_names() -> None:
             "p:{n}:wsignal",
         ),
         "unwait": ("p:{n}:wq", "p:{n}", "p:{n}:rq", "p:{n}:signal", "p:{n}:wsignal"),
-        "force_release": ("p:{n}", "p:{n}:wq", "p:{n}:rq", "p:{n}:signal", "p:{n}:wsignal"),
+        "force_release": (
+            "p:{n}",
+            "p:{n}:wq",
+            "p:{n}:rq",
+            "p:{n}:signal",
+            "p:{n}:wsignal",
+            "p:{n}:fence",
+        ),
     }
 
 
@@ -104,9 +127,10 @@ def test_semaphore_names() -> None:
         "released": "p:{n}:r",
         "fence": "p:{n}:fence",
         "local": "p:{n}:sem",
-        "acquire": ("p:{n}", "p:{n}:h", "p:{n}:fence", "p:{n}:signal"),
+        "acquire": ("p:{n}", "p:{n}:h", "p:{n}:fence", "p:{n}:signal", "p:{n}:r"),
         "release": ("p:{n}", "p:{n}:h", "p:{n}:r", "p:{n}:signal"),
         "state": ("p:{n}", "p:{n}:h", "p:{n}:signal"),
+        "force_release": ("p:{n}", "p:{n}:h", "p:{n}:signal", "p:{n}:fence"),
     }
 
 
@@ -181,3 +205,12 @@ async def test_client_names_a_key_and_an_owner() -> None:
     assert task is not None
     assert client.owner(task) == client._engine.owner(task)
     assert client.owner(task).startswith(f"{client.id}:")
+
+
+def test_eviction_channel_names() -> None:
+    """A force release's message to a holder's Client (scripts/_evict.lua):
+    one channel per Client standalone, per Client and slot in cluster mode."""
+    from aiolock._core.keys import lost_prefix
+
+    assert lost_prefix("p") == "p:lost:"
+    assert lost_prefix("p", "ABCD") == "p:{ABCD}:lost:"

@@ -92,10 +92,15 @@ async def test_other_task_of_same_client_waits(client: Client) -> None:
         return got
 
     task = asyncio.create_task(other())
+    await eventually(lambda: client.statistics().waiting == 1, what="the other task queued")
     assert await lock.try_acquire() is not None  # re-entry by the holder: fine
     await lock.release()
-    await asyncio.sleep(0.05)
-    assert not entered.is_set()
+    # Only the re-entry was undone: the hold stays, here and in Redis (a round
+    # trip, in which a wrongly woken task would have run), the other task waits.
+    stats = lock.statistics()
+    assert stats.locked and stats.hold_count == 1 and stats.task is asyncio.current_task()
+    assert await lock.is_locked()
+    assert not entered.is_set() and not task.done()
     assert client.statistics().waiting == 1
     await lease.release()
     other_lease = await asyncio.wait_for(task, 10)

@@ -111,8 +111,10 @@ async def test_lost_lease_is_one_warning_naming_lock_token_and_reason(
     server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="aiolock")
+    # Poll mode: no eviction channel, so the watchdog is what finds out (in
+    # pub/sub mode the Client is told at once: the reason is "force-released").
     async with (
-        Client.from_url(server.url, prefix="log", lease=4.5) as holder,
+        Client.from_url(server.url, prefix="log", lease=4.5, notify="poll") as holder,
         Client.from_url(server.url, prefix="log") as other,
     ):
         lease = await holder.lock("lost-one").acquire()
@@ -149,8 +151,10 @@ async def test_pubsub_drop_is_one_warning_and_one_info(
     server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="aiolock")
+    # The holder polls: no pub/sub connection of its own (its eviction channel)
+    # whose loss would be logged too.
     async with (
-        Client.from_url(server.url, prefix="log") as holder,
+        Client.from_url(server.url, prefix="log", notify="poll") as holder,
         Client.from_url(server.url, prefix="log") as waiter,
     ):
         held = await holder.lock("ps").acquire()
@@ -343,9 +347,7 @@ async def test_waiting_tasks_outage_lasts_until_the_last_failing_task_recovers(
     )
     await eventually(lambda: failed >= 1, what="a first failed try")
     for _ in range(3):  # other locks' tries get replies between the failures
-        await compete(
-            engine, what="lock 'up'", deadline=None, attempt=answered, waiter=no_waiter
-        )
+        await compete(engine, what="lock 'up'", deadline=None, attempt=answered, waiter=no_waiter)
         seen = failed
         await eventually(lambda seen=seen: failed > seen, what="another failed try")
     assert len(records(caplog, "aiolock.lock", logging.WARNING, "Redis unreachable")) == 1

@@ -15,7 +15,7 @@ from aiolock import (
     LockTimeoutError,
 )
 from aiolock._primitives.multi import MultiLease, MultiLock
-from tests.core_util import assert_clean, eventually
+from tests.core_util import assert_clean, eventually, parked_on_channels
 from tests.servers import RedisServer
 
 #: Renewed every 1.5 s: a hold survives 3 s of scheduling stall on a loaded machine.
@@ -51,7 +51,8 @@ async def test_all_or_nothing(client: Client, other_client: Client) -> None:
     assert await multi.try_acquire() is None
     assert not await client.lock("x").is_locked(), "nothing taken when one is busy"
     waiter = asyncio.create_task(multi.acquire(timeout=20))
-    await asyncio.sleep(0.05)
+    # Parked (past its tries), waiting for y: x is still not taken.
+    await eventually(lambda: parked_on_channels(client) == 1, what="the multi-lock parked")
     assert not await client.lock("x").is_locked()
     await held.release()
     lease = await waiter

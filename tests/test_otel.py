@@ -217,9 +217,7 @@ async def test_kinds_are_told_apart(client: aiolock.Client, otel: Otel) -> None:
     assert kinds == {"read_lock", "semaphore"}
 
 
-async def test_counters_add_up_over_clients_and_outlive_them(
-    make_client: Any, otel: Otel
-) -> None:
+async def test_counters_add_up_over_clients_and_outlive_them(make_client: Any, otel: Otel) -> None:
     first = otel.instrument(await make_client())
     second = otel.instrument(await make_client())
     async with first.lock("a"), second.lock("b"):
@@ -253,9 +251,7 @@ async def test_a_client_gone_while_holding_leaves_no_hold_in_the_gauge(
     await gone.aclose()
 
 
-async def test_closing_a_client_while_holding_is_not_a_loss(
-    make_client: Any, otel: Otel
-) -> None:
+async def test_closing_a_client_while_holding_is_not_a_loss(make_client: Any, otel: Otel) -> None:
     client = otel.instrument(await make_client())
     await client.lock("held at close").acquire()
     await client.aclose()

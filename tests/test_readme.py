@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import inspect
 import os
 import re
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,6 +45,39 @@ def test_quickstart_runs_as_written(url: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"^held, fencing token \d+$", proc.stdout, re.M), proc.stdout
     assert "ClientStatistics(holds=0, waiting=0" in proc.stdout, proc.stdout
+    # The commands the Quickstart gives show its lock (the same prefix):
+    # `aiolock inspect invoice:42` afterwards, `aiolock ls` while it is held.
+    text = section("Quickstart")
+    assert "`aiolock inspect invoice:42`" in text and "`aiolock ls`" in text
+    token = re.findall(r"^held, fencing token (\d+)$", proc.stdout, re.M)[-1]
+    code, out = aiolock_command("inspect", "invoice:42", "--url", url)
+    assert code == 0 and "'invoice:42' is not held; only its fencing counter is kept" in out
+    assert int(re.findall(r"last token issued (\d+)", out)[0]) >= int(token), out
+    made = re.search(r"async with (aiolock\.Client\.from_url\(URL[^)]*\)) as client:", blocks[0])
+    assert made, "the Quickstart makes no Client"
+    asyncio.run(hold_then_ls(made[1], url))
+
+
+async def hold_then_ls(construction: str, url: str) -> None:
+    """Hold ``invoice:42`` with a Client made as the Quickstart makes it; `aiolock ls` shows it."""
+    async with eval(construction, {"aiolock": aiolock, "URL": url}) as client:
+        async with client.lock("invoice:42") as lease:
+            code, out = await asyncio.to_thread(aiolock_command, "ls", "--url", url)
+            assert code == 0, out
+            (row,) = [line.split() for line in out.splitlines() if line.startswith("invoice:42 ")]
+            assert row[2] == client.owner(asyncio.current_task())  # type: ignore[arg-type]
+            assert row[-2] == str(lease.fencing_token)  # NAME KIND HOLDER HOLDS TTL TOKEN WAITING
+
+
+def aiolock_command(*args: str) -> tuple[int, str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiolock", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
 
 
 def test_the_two_commands_are_the_real_ones() -> None:
@@ -129,3 +165,92 @@ async def test_the_cluster_acl_line_is_enough(cluster: ClusterProcess, without_r
     finally:
         for node in cluster.nodes:
             node.execute("ACL", "DELUSER", "locker")
+
+
+def test_development_lists_the_real_commands() -> None:
+    from aiolock.cli import _parser
+
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    (line,) = re.findall(
+        r"^- `python -m aiolock`.*?(?=^- |\Z)", section("Development"), re.M | re.S
+    )
+    listed = re.findall(r"`([a-z][a-z-]*)`", line.split(":", 1)[1])
+    assert listed == list(sub.choices)
+
+
+def test_the_test_command_states_its_duration_alike_everywhere() -> None:
+    said = re.findall(
+        r"about (\d+) minutes on a\s+quiet 2-core machine, longer on a loaded one",
+        section("Two commands"),
+    )
+    assert len(said) == 1, "README: how long the test command takes"
+    comment = (ROOT / "pyproject.toml").read_text()
+    assert "well under" not in comment
+    flat = " ".join(line.strip(" #") for line in comment.splitlines())
+    assert f"about {said[0]} minutes on a quiet 2-core machine, longer on a loaded one" in flat
+
+
+async def test_the_redis_py_migration_note_is_true(url: str) -> None:
+    import redis.asyncio as aioredis
+    from redis.asyncio.lock import Lock
+
+    text = section("Quickstart")
+    assert "### Coming from redis-py's `Lock`" in text
+    assert "**`timeout` is the lease**" in text and "`blocking_timeout`" in text
+    assert {"timeout", "blocking_timeout", "sleep", "thread_local"} <= set(
+        inspect.signature(Lock.__init__).parameters
+    )
+    r = aioredis.Redis.from_url(url)
+    try:
+        # redis-py: timeout is the key's life; None: it never expires.
+        leased = r.lock("migration:leased", timeout=10)
+        forever = r.lock("migration:forever")
+        assert await leased.acquire() and await forever.acquire()
+        assert 0 < await r.pttl("migration:leased") <= 10_000
+        assert await r.pttl("migration:forever") == -1
+        await leased.release()
+        await forever.release()
+    finally:
+        await r.aclose()
+    # aiolock: timeout is the wait (here on a busy lock), lease the key's life.
+    async with aiolock.Client.from_url(url) as a, aiolock.Client.from_url(url) as b:
+        lease = await a.lock("migration:ours").acquire(lease=10)
+        with pytest.raises(aiolock.LockTimeoutError):
+            await b.lock("migration:ours").acquire(timeout=0.1)
+        assert not lease.lost
+        await lease.release()
+
+
+def test_the_examples_agree_with_the_readme() -> None:
+    def example(name: str) -> str:
+        return (ROOT / "examples" / name).read_text()
+
+    connections = section("Connecting")
+    assert "A Client opens three connections, each when it is first needed" in connections
+    for app in ("fastapi_app.py", "aiohttp_app.py"):
+        flat = " ".join(line.strip(" #") for line in example(app).splitlines())
+        assert "it opens at most three connections of its own" in flat, app
+        assert "one for commands and one for pub/sub" not in flat, app
+    rows: dict[str, Any] = {
+        m[1]: m[0]
+        for m in re.finditer(r"^\| \[`examples/(\w+\.py)`\].*$", section("Examples"), re.M)
+    }
+    assert "'.[examples,otel]'" in rows["otel_prometheus.py"]
+    assert "'.[examples,otel]'" in example("otel_prometheus.py")
+    # A module-level Client binds to the first loop that uses it: fine in a
+    # program that runs one loop, as decorator.py does, and the Errors table says so.
+    decorator = example("decorator.py")
+    assert re.search(r"^locks = aiolock\.Client\(", decorator, re.M)
+    code = [line for line in decorator.splitlines() if not line.lstrip().startswith("#")]
+    assert sum(line.count("asyncio.run(") for line in code) == 1
+    (row,) = [
+        r for r in section("Semantics").splitlines() if r.startswith("| `WrongEventLoopError`")
+    ]
+    assert "binds to the first event loop that uses it" in row
+    assert "A module-level Client is fine in a program that runs one event loop" in row
+    assert "examples/decorator.py" in row
+
+
+def test_the_testing_notes_name_no_local_path() -> None:
+    notes = (ROOT / "README_TESTING_NOTES.md").read_text()
+    assert not re.search(r"git clone /", notes), "a clone source that exists on one machine"

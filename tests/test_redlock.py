@@ -689,3 +689,123 @@ async def test_release_retries_a_master_that_had_not_answered(
         finally:
             for client in clients:
                 await client.aclose()
+
+
+# -- busy or unreachable: decided from the answers received -----------------------------------
+
+
+@pytest.mark.parametrize("fault", ["pause", "kill"])
+async def test_busy_on_the_live_majority_is_busy_not_a_connection_failure(
+    make_redlock: MakeRedlock, masters: list[ServerProcess], fault: str
+) -> None:
+    """Master C restarted empty once, then paused (or killed); r1 holds the
+    name on A and B. A fresh r2's tries find it busy on both live masters:
+    each returns None (never ConnectionFailedError, whichever of C's error and
+    B's "busy" comes first), and a wait with a timeout ends in LockTimeoutError."""
+    r0 = await make_redlock()
+    await (await r0.lock("job").acquire()).release()  # the deployment's roster is founded
+    masters[2].restart()
+    getattr(masters[2], fault)()
+    r1 = await make_redlock(lease=5.0)
+    held = await r1.lock("job").acquire(timeout=10)
+    assert _held_on(masters[0], "job") and _held_on(masters[1], "job")
+    r2 = await make_redlock(lease=5.0)
+    lock = r2.lock("job")
+    for _ in range(10):
+        assert await lock.try_acquire() is None
+    start = time.monotonic()
+    with pytest.raises(LockTimeoutError):
+        await lock.acquire(timeout=1.0)
+    assert time.monotonic() - start < 1.0 + MASTER_TIMEOUT + UNDO_WAIT + 1.0
+    await held.release()
+
+
+async def test_too_few_answers_to_tell_is_a_connection_failure(
+    make_redlock: MakeRedlock, masters: list[ServerProcess]
+) -> None:
+    """Two of three masters down: no query answers from the one left as if it
+    knew. Each raises ConnectionFailedError, with redis-py's error as its
+    ``__cause__``; with two up, each answers."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    rl = await make_redlock()
+    lock = rl.lock("few")
+    lease = await lock.acquire()
+    masters[0].kill()
+    masters[2].kill()
+    queries: list[Callable[[], Awaitable[Any]]] = [
+        lock.is_locked,
+        lock.is_owned,
+        lock.remaining_ttl,
+        lambda: lease.extend(10),
+        rl.lock("free").force_release,  # deleted nothing where it answered
+    ]
+    for query in queries:
+        with pytest.raises(ConnectionFailedError, match="of 3 masters") as info:
+            await query()
+        assert isinstance(info.value.__cause__, RedisConnectionError), repr(info.value.__cause__)
+        assert not isinstance(info.value.__cause__, aiolock.AiolockError)
+    other = await make_redlock()  # another process: its try must reach the masters
+    with pytest.raises(ConnectionFailedError, match="of 3 masters") as info:
+        await other.lock("few").try_acquire()
+    assert isinstance(info.value.__cause__, RedisConnectionError), repr(info.value.__cause__)
+    assert not lease.lost  # not found gone: it stands until its validity ends
+    masters[0].restart()  # back empty: held on one answer, free on the other
+    with pytest.raises(ConnectionFailedError, match="only 2 of 3 masters answered"):
+        await lock.is_locked()
+    masters[2].restart()
+    assert not await lock.is_locked() and await lock.remaining_ttl() is None
+
+
+# -- force release reaches the holder (issue 20, item 2) -------------------------------------
+
+
+async def _redlock_body(lock: Any, entered: asyncio.Event) -> None:
+    async with lock:
+        entered.set()
+        await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize("lease", [None, 60.0], ids=["renewed", "fixed"])
+async def test_force_release_tells_the_holder_at_once(
+    make_redlock: MakeRedlock, lease: float | None
+) -> None:
+    """Another Redlock force-releases: every master tells the holder's Client
+    there (its eviction channel), and the holder loses the lease once a
+    majority did, long before its own rounds (every 90 / 3 s) could."""
+    holder = await make_redlock(lease=90.0)
+    other = await make_redlock()
+    await (await holder.lock("warm").acquire()).release()
+    await eventually(
+        lambda: all(
+            m.engine.evictions._channels
+            and all(c.is_confirmed for c in m.engine.evictions._channels.values())
+            for m in holder._masters
+        ),
+        what="the eviction channels confirmed on every master",
+    )
+    entered = asyncio.Event()
+    body = asyncio.create_task(_redlock_body(holder.lock("job")(lease=lease), entered))
+    await entered.wait()
+    assert await other.lock("job").force_release()
+    with pytest.raises(LockLostError, match="force-released"):
+        await asyncio.wait_for(body, 10.0)  # the holder's own round: 30 s
+    lease2 = await other.lock("job").acquire(timeout=10.0)
+    await lease2.release()
+
+
+async def test_a_fixed_lease_deleted_on_the_masters_is_reported(
+    make_redlock: MakeRedlock, masters: list[ServerProcess]
+) -> None:
+    """A fixed Redlock lease is checked every lease / 3 (not renewed): deleted
+    on every master by an operator, it is reported lost."""
+    holder = await make_redlock(lease=1.5)
+    entered = asyncio.Event()
+    body = asyncio.create_task(_redlock_body(holder.lock("fx")(lease=60.0), entered))
+    await entered.wait()
+    ttl = masters[0].execute("PTTL", _lock_key("fx"))
+    for server in masters:
+        assert server.execute("DEL", _lock_key("fx")) == 1
+    with pytest.raises(LockLostError, match="gone on a majority"):
+        await asyncio.wait_for(body, 3.0)  # one round (0.5 s) and a round trip, under load
+    assert int(ttl) > 50_000  # (a fixed lease of 60 s: never extended by the check)

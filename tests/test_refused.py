@@ -12,19 +12,29 @@ Each case prepares a state (a free name, a name another Client holds, a hold
 of our own), plants a value of the wrong type at one key, snapshots the
 keyspace, runs one operation and compares. Holds in these states have fixed
 leases of a minute (no watchdog renewal moves an expiry time mid-test).
+
+The fault campaign (issue 20, item 5; test_fault_campaign, at the end) runs
+whole cycles instead, for every primitive and every key of its layout in
+aiolock/_core/keys.py: a cycle works, or is refused at its acquire, never
+half done (a release refused because a key only it writes held a value of
+another type would leave the hold).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
-from aiolock import Client
+from aiolock import Client, Redlock, WrongTypeError
+from aiolock._core import keys as keys_module
 from aiolock._core.scripts import Script, script_names
 from tests.core_util import eventually
 
@@ -376,8 +386,10 @@ async def test_refused_read_release_keeps_the_hold(
     await settled(client)
     assert not lease.lost and not lease.released
     assert await rw.read.is_owned()
-    assert await other_client.rw_lock("n").write.try_acquire() is None
+    with pytest.raises(WrongTypeError):  # a writer's cycle would write :rel too: refused
+        await other_client.rw_lock("n").write.try_acquire()
     await admin.delete("t:{n}:rel")
+    assert await other_client.rw_lock("n").write.try_acquire() is None
     await lease.release()
     writer = await other_client.rw_lock("n").write.try_acquire()
     assert writer is not None
@@ -487,15 +499,44 @@ async def test_renewal_never_fails_on_a_key_of_another_type(
 READ_ONLY = {"owned", "fair_owned", "rw_owned", "rw_state"}
 
 
+#: How a script's own code may begin: a type check of its keys (_types.lua),
+#: or a typed read that fails before any write and names the key (the hot
+#: path of the plain lock: no TYPE per key, see acquire.lua / release.lua).
+FIRST_CHECKS = (
+    "check_types(KEYS",
+    "check_all(KEYS",
+    "local kind = redis.call('TYPE', lock)",
+    "local hold = typed(",
+    "if typed(",
+    "for i = 1, n do",  # multi_acquire: check_types per lock, first
+)
+
+
+def _own_code(name: str) -> list[str]:
+    """The script's own statements (its file, without comments, includes and
+    the naming of KEYS / ARGV)."""
+    text = resources.files("aiolock").joinpath("scripts", f"{name}.lua").read_text("utf-8")
+    return [
+        line
+        for line in text.splitlines()
+        if line.strip()
+        and not line.startswith("--")
+        and not re.match(r"local [\w, ]+ = (KEYS|ARGV|tonumber\(ARGV|#KEYS)", line)
+    ]
+
+
 @pytest.mark.parametrize("name", sorted(set(script_names()) - READ_ONLY))
 def test_every_writing_script_checks_its_keys_first(name: str) -> None:
     """A script that writes checks its keys' types before any code of its own
-    runs (check_types / check_all), or never fails on them (is_type)."""
+    runs (check_types / check_all, or a typed read that precedes every write),
+    or never fails on them (is_type / read_typed)."""
     source = Script.from_file(name).source
-    body = source[source.index("local function is_type") :]
-    body = body[body.index("\nend\n") + 5 :]  # the script's own code, after the snippets
-    first = body.lstrip().splitlines()[0] if "is_type(" not in body else "is_type"
-    assert first.startswith(("check_types(KEYS", "check_all(KEYS")) or first == "is_type", name
+    if "is_type(" in source.split("local function is_type")[1] or "read_typed('" in source:
+        return  # the batch renewals: never fail
+    first = _own_code(name)[0]
+    assert first.startswith(FIRST_CHECKS), (name, first)
+    if first.startswith("for i = 1, n do"):
+        assert _own_code(name)[1].strip().startswith("check_types("), name
 
 
 async def test_fair_handoff_skips_a_signal_key_of_another_type(
@@ -516,3 +557,282 @@ async def test_fair_handoff_skips_a_signal_key_of_another_type(
     assert int(code) == 1
     assert await admin.hexists("t:{f}", waiter)  # handed over
     assert await admin.get("t:{f}:sig:bb") == b"planted"
+
+
+# --------------------------------------------------------------------------- the fault campaign
+# For every primitive and every key of its layout (aiolock/_core/keys.py: a
+# key added there is planted here too), a value of another type is planted at
+# that key of a name nobody used yet, then a whole cycle runs: Client A takes
+# the primitive, Client B (list mode: signal lists) and Client C (pub/sub:
+# waiting sets, grants) wait for it, A lets go, B and C take it in turn and
+# let go. A cycle either works, or its acquire is refused (WrongTypeError)
+# having changed nothing; a release is never refused (the hold would stay).
+# Afterwards the planted key is as it was, and every other key left is one
+# the same cycle leaves on a name without a planted key (fence counters,
+# released-token records, wake-up lists).
+
+
+#: The type aiolock keeps in each key field of the keys.py descriptions. A new
+#: key field fails test_every_key_field_is_known until it is listed here.
+KEY_TYPES = {
+    "main": "hash",
+    "fence": "hash",
+    "signal": "list",
+    "wq": "zset",
+    "queue": "zset",
+    "rq": "zset",
+    "rel": "list",
+    "wsignal": "list",
+    "holders": "zset",
+    "released": "zset",
+    "lock": "string",
+    "generation": "string",
+    "roster": "set",
+    "signal_prefix": "list",  # a template: + client id is a Client's list (FairKeys)
+}
+#: String fields that name no Redis key: the Engine's local state key, and
+#: the templates of channels (+ client id).
+NOT_KEYS = {"local", "wait_prefix", "channel_prefix"}
+#: Fields that are templates of a key: + the waiting Client's id.
+KEY_TEMPLATES = {"signal_prefix"}
+CAMPAIGN_HOLD = 30.0  # every hold's fixed lease: no renewal moves an expiry time
+
+
+def key_fields(layout: object) -> list[str]:
+    return [
+        f.name
+        for f in dataclasses.fields(layout)  # type: ignore[arg-type]
+        if isinstance(getattr(layout, f.name), str) and f.name not in NOT_KEYS
+    ]
+
+
+def test_every_key_field_is_known() -> None:
+    kinds = [
+        keys_module.LockKeys,
+        keys_module.FairKeys,
+        keys_module.RWKeys,
+        keys_module.SemaphoreKeys,
+        keys_module.LatchKeys,
+        keys_module.RedlockKeys,
+    ]
+    assert {cls.__name__ for cls in kinds} == {n for n in keys_module.__all__ if n.endswith("Keys")}
+    for cls in kinds:
+        for field in key_fields(cls.of("t", "n")):
+            assert field in KEY_TYPES, f"{cls.__name__}.{field}: list its type in KEY_TYPES"
+
+
+Release = Callable[[], Awaitable[object]]
+Take = Callable[[Any], Awaitable[Release]]
+
+
+async def _take_lease(primitive: Any) -> Release:
+    lease = await primitive.acquire(lease=CAMPAIGN_HOLD)
+    return lease.release  # type: ignore[no-any-return]
+
+
+async def _latch_hold(latch: Any) -> Release:
+    assert await latch.try_set_count()
+    return latch.count_down  # type: ignore[no-any-return]
+
+
+async def _latch_wait(latch: Any) -> Release:
+    assert await latch.wait()
+
+    async def nothing() -> None:
+        return None
+
+    return nothing
+
+
+@dataclass(frozen=True)
+class Primitive:
+    id: str
+    layouts: tuple[Any, ...]  # keys.py descriptions whose keys are planted
+    hold: Callable[[Client], Any]  # what A takes (the primitive object of a Client)
+    wait: Callable[[Client], Any]  # what B and C wait for (the same, or what A's hold keeps out)
+    take_hold: Take = _take_lease
+    take_wait: Take = _take_lease
+
+
+PRIMITIVES = [
+    Primitive("lock", (keys_module.LockKeys,), lambda c: c.lock("n"), lambda c: c.lock("n")),
+    Primitive(
+        "spin", (keys_module.LockKeys,), lambda c: c.spin_lock("n"), lambda c: c.spin_lock("n")
+    ),
+    Primitive(
+        "multi",
+        (keys_module.LockKeys,),
+        lambda c: c.multi_lock(c.lock("a"), c.lock("n")),
+        lambda c: c.multi_lock(c.lock("a"), c.lock("n")),
+    ),
+    Primitive(
+        "fair", (keys_module.FairKeys,), lambda c: c.fair_lock("n"), lambda c: c.fair_lock("n")
+    ),
+    # readers wait for a writer
+    Primitive(
+        "read", (keys_module.RWKeys,), lambda c: c.rw_lock("n").write, lambda c: c.rw_lock("n").read
+    ),
+    # writers wait for a reader
+    Primitive(
+        "write",
+        (keys_module.RWKeys,),
+        lambda c: c.rw_lock("n").read,
+        lambda c: c.rw_lock("n").write,
+    ),
+    Primitive(
+        "semaphore",
+        (keys_module.SemaphoreKeys,),
+        lambda c: c.semaphore("n", 1),
+        lambda c: c.semaphore("n", 1),
+    ),
+    Primitive(
+        "latch",
+        (keys_module.LatchKeys,),
+        lambda c: c.latch("n", 1),
+        lambda c: c.latch("n", 1),
+        _latch_hold,
+        _latch_wait,
+    ),
+    Primitive(  # one master per Redlock: its keys and scripts are those of N masters
+        "redlock",
+        (keys_module.RedlockKeys,),
+        lambda c: Redlock([c]).lock("n"),
+        lambda c: Redlock([c]).lock("n"),
+    ),
+]
+
+
+def _campaign_params() -> list[Any]:
+    out = []
+    for prim in PRIMITIVES:
+        for layout in prim.layouts:
+            for field in key_fields(layout.of("t", "n")):
+                want = KEY_TYPES[field]
+                # A string (no aiolock key but Redlock's is one), and a hash
+                # where a list is expected (a list-typed read of it fails too).
+                kinds = ("string",) if want != "string" else ("hash",)
+                for planted in kinds + (("hash",) if want == "list" else ()):
+                    out.append(
+                        pytest.param(prim, field, planted, id=f"{prim.id}-{field}-{planted}")
+                    )
+    return out
+
+
+async def plant_any(r: aioredis.Redis, key: str, kind: str) -> None:
+    if kind == "zset":
+        await r.zadd(key, {"planted": 1})
+    elif kind == "set":
+        await r.sadd(key, "planted")
+    else:
+        await plant(r, key, kind)
+
+
+class Cycle:
+    """One campaign cycle of Clients a (pub/sub), b (list mode), c (pub/sub)."""
+
+    def __init__(self, admin: aioredis.Redis, clients: list[Client]) -> None:
+        self.admin = admin
+        self.clients = clients
+        self.refused: list[str] = []
+
+    async def acquire(self, who: str, take: Take, primitive: Any) -> Release | None:
+        """An acquisition: it works, or it is refused having changed nothing."""
+        before = await snapshot(self.admin)
+        try:
+            return await take(primitive)
+        except WrongTypeError:
+            await settled(*self.clients)
+            assert await snapshot(self.admin) == before, f"{who}'s refused acquire changed keys"
+            self.refused.append(who)
+            return None
+
+    async def wait(self, who: str, take: Take, primitive: Any) -> Release | None:
+        """A waiting acquisition (the lock is busy): refused, or it gets the
+        lock later and lets it go at once."""
+        try:
+            release = await take(primitive)
+        except WrongTypeError:
+            self.refused.append(who)
+            return None
+        await release()  # at once: the other waiter waits for it
+        return release
+
+    async def run(self, prim: Primitive) -> None:
+        a, b, c = self.clients
+        release_a = await self.acquire("A", prim.take_hold, prim.hold(a))
+        if release_a is None:
+            return
+        waiters = []
+        for who, client in (("B", b), ("C", c)):
+            primitive = prim.wait(client)
+            task = asyncio.create_task(self.wait(who, prim.take_wait, primitive))
+            # It waits (parked, or queued behind the holder), or was refused.
+            await eventually(
+                lambda t=task, p=primitive: t.done() or p.statistics().waiting > 0,  # type: ignore[misc]
+                what=f"{who} to wait",
+            )
+            waiters.append(task)
+        await release_a()
+        await asyncio.gather(*waiters)
+        await settled(*self.clients)
+
+
+_BASELINES: dict[tuple[str, str], set[bytes]] = {}
+
+
+async def _baseline(
+    prim: Primitive, admin: aioredis.Redis, make_client: Any, url: str
+) -> set[bytes]:
+    """The keys a clean cycle leaves (prefix "b"), by their name under prefix "t"."""
+    if (prim.id, url) not in _BASELINES:
+        clients = [
+            await make_client(prefix="b"),
+            await make_client(prefix="b", notify="list"),
+            await make_client(prefix="b"),
+        ]
+        cycle = Cycle(admin, clients)
+        async with asyncio.timeout(30):
+            await cycle.run(prim)
+        assert cycle.refused == []
+        left = {b"t:" + bytes(key)[2:] for key in await admin.keys("b:*")}
+        if prim.id != "latch":  # nothing held: a kept hold shows (a latch keeps its hash)
+            assert not left & {b"t:{n}", b"t:{n}:h", b"t:{n}:rl"}
+        await admin.delete(*await admin.keys("b:*"))
+        _BASELINES[prim.id, url] = left
+    return _BASELINES[prim.id, url]
+
+
+@pytest.mark.parametrize(("prim", "field", "planted"), _campaign_params())
+async def test_fault_campaign(
+    url: str,
+    make_client: Any,
+    admin: aioredis.Redis,
+    prim: Primitive,
+    field: str,
+    planted: str,
+) -> None:
+    baseline = await _baseline(prim, admin, make_client, url)
+    clients = [
+        await make_client(prefix="t"),
+        await make_client(prefix="t", notify="list"),
+        await make_client(prefix="t"),
+    ]
+    layout = next(
+        layout.of("t", "n") for layout in prim.layouts if field in key_fields(layout.of("t", "n"))
+    )
+    key = getattr(layout, field)
+    if field in KEY_TEMPLATES:
+        key += clients[1]._engine.id  # the list-mode Client's own key
+    await plant_any(admin, key, planted)
+    before = await snapshot(admin)
+    cycle = Cycle(admin, clients)
+    async with asyncio.timeout(30):
+        await cycle.run(prim)
+    after = await snapshot(admin)
+    assert after.get(key.encode()) == before[key.encode()], "the planted key changed"
+    left = set(after) - {key.encode()}
+    assert left <= baseline, f"refused {cycle.refused}; left behind: {sorted(left - baseline)}"
+    if prim.id == "latch" and field != "main":  # not left counting
+        assert not await admin.hexists("t:{n}", "c")
+    if cycle.refused and cycle.refused[0] == "A":
+        assert after == before

@@ -380,7 +380,8 @@ async def test_hold_granted_across_a_reset_is_verified_at_once(
     ):
         busy = await other.lock("busy").acquire()
         waiter = asyncio.create_task(client.lock("busy").acquire())  # connects the listener
-        await eventually(lambda: fresh_server.client_count("pubsub") >= 1, what="listener")
+        # (``other``'s too: it holds a lock, so it listens on its eviction channel.)
+        await eventually(lambda: fresh_server.client_count("pubsub") >= 2, what="listeners")
         epoch = client._engine.epoch
         fresh_server.execute("CLIENT", "PAUSE", "30000", "WRITE")  # holds back scripts
         try:

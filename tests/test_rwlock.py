@@ -33,9 +33,11 @@ from aiolock._primitives.rwlock import ReadLock, ReadWriteLock, WriteLock
 from tests.conftest import NOTIFY_MODES, MakeClient
 from tests.core_util import (
     assert_clean,
+    blocked_clients,
     cancel_at_random,
     evalsha_calls,
     eventually,
+    parked_on_channels,
 )
 from tests.servers import RedisServer
 
@@ -90,17 +92,26 @@ def side_of(rw: ReadWriteLock, side: str) -> ReadLock | WriteLock:
     return rw.read if side == "read" else rw.write
 
 
-async def settled(server: RedisServer, notify: Notify, blpops: int) -> None:
+async def settled(
+    server: RedisServer, notify: Notify, blpops: int, *waiters: tuple[Client, int]
+) -> None:
     """Let parked waiters settle, so that only the wake-up under test can free them.
 
     A new subscription or BLPOP loop wakes its waiters once when it starts
-    (messages may have been missed before); wait until that is over.
+    (messages may have been missed before): wait until each Client of
+    ``waiters`` has its count of tasks parked on a channel after that (and, in
+    list mode, ``blpops`` BLPOPs block on the server). Pollers (poll mode) retry
+    on their own backoff: there is nothing to settle.
     """
-    if notify == "list":
-        await eventually(
-            lambda: int(server.info("clients")["blocked_clients"]) >= blpops, what="BLPOPs"
-        )
-    await asyncio.sleep(0.2)
+    if notify == "poll":
+        return
+
+    def parked() -> bool:
+        if notify == "list" and blocked_clients(server) < blpops:
+            return False
+        return all(parked_on_channels(c) == count for c, count in waiters)
+
+    await eventually(parked, what=f"{blpops} BLPOPs and waiters parked: {waiters}")
 
 
 def assert_nothing_held(server: RedisServer, name: str) -> None:
@@ -421,7 +432,7 @@ async def test_cancelled_waiting_writer_lets_readers_in_at_once(
     # bounds its wait: only the wake-up can let it in early).
     parked = asyncio.create_task(other_client.rw_lock("wq").read.acquire())
     await eventually(lambda: other_client.statistics().waiting == 1, what="the reader to park")
-    await settled(server, notify, blpops=2)  # the writer's and the reader's
+    await settled(server, notify, 2, (client, 1), (other_client, 1))  # writer, reader
     writer.cancel()
     with pytest.raises(asyncio.CancelledError):
         await writer
@@ -447,7 +458,7 @@ async def test_write_release_wakes_readers_of_every_client(
             lambda: b.statistics().waiting == 2 and c.statistics().waiting == 2,
             what="readers to park",
         )
-        await settled(server, notify, blpops=2)
+        await settled(server, notify, 2, (b, 2), (c, 2))
         await held.release()
         leases = await asyncio.wait_for(asyncio.gather(*readers), 5)
         for lease in leases:
@@ -497,7 +508,8 @@ SIDES = ("read", "write")
 
 
 async def test_lost_lease_cancels_the_body(client: Client, other_client: Client) -> None:
-    """Evicted by another Client: the watchdog finds out, the body is cancelled."""
+    """Evicted by another Client: its Client is told (or, in list and poll mode,
+    the watchdog finds out), the body is cancelled."""
     loop = asyncio.get_running_loop()
     for side in SIDES:
         view = side_of(other_client.rw_lock("lost"), side)
@@ -505,8 +517,8 @@ async def test_lost_lease_cancels_the_body(client: Client, other_client: Client)
         with pytest.raises(LockLostError, match="lost"):
             async with view as lease:
                 lease.on_lost(seen.append)
+                start = loop.time()  # (told at once: maybe before the call returns)
                 assert await side_of(client.rw_lock("lost"), side).force_release()
-                start = loop.time()
                 await asyncio.sleep(30)
         assert loop.time() - start < SHORT, side  # one renewal round (1.5 s), not a lease
         assert lease.lost and seen == [lease], side

@@ -9,7 +9,8 @@ import pytest
 
 from aiolock import Backoff, Client, InvalidArgumentError, LockTimeoutError
 from aiolock._primitives.spin import SpinLock
-from tests.core_util import assert_clean
+from tests.core_util import assert_clean, evalsha_calls, eventually
+from tests.servers import RedisServer
 
 
 @pytest.fixture
@@ -17,12 +18,17 @@ def client_options() -> dict[str, Any]:
     return {"prefix": "s"}
 
 
-async def test_spin_lock_never_subscribes(client: Client, other_client: Client) -> None:
+async def test_spin_lock_never_subscribes(
+    client: Client, other_client: Client, server: RedisServer
+) -> None:
     spin = client.spin_lock("k")
     assert isinstance(spin, SpinLock)
     held = await other_client.lock("k").acquire()  # one lock: same keys as AsyncLock
+    before = evalsha_calls(server)
     waiter = asyncio.create_task(spin.acquire(timeout=20))
-    await asyncio.sleep(0.1)
+    # Waiting: it tried, found the lock busy and tried again, all without a channel.
+    await eventually(lambda: evalsha_calls(server) - before >= 3, what="3 tries of the spin lock")
+    assert client.statistics().waiting == 1
     assert client.statistics().subscriptions == 0
     assert client._engine.listener.connects == 0
     await held.release()

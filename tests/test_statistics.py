@@ -66,9 +66,7 @@ def owner_of(client: Client, task: asyncio.Task[Any] | None) -> str:
 async def test_lock_statistics_holder_reentry_waiters(client: Client, other_client: Client) -> None:
     lock = client.lock("orders:42")
     empty = lock.statistics()
-    assert empty == LockStatistics(
-        "lock", "orders:42", False, None, None, (), 0, None, None, 0, ()
-    )
+    assert empty == LockStatistics("lock", "orders:42", False, None, None, (), 0, None, None, 0, ())
     first = await lock.acquire()
     await lock.acquire()  # a re-entry
     me = asyncio.current_task()

@@ -281,8 +281,9 @@ def test_decorators_type_check_under_mypy_strict(tmp_path: Path) -> None:
     config = tmp_path / "mypy.ini"
     config.write_text("[mypy]\n")  # not the project's own configuration
     env = dict(os.environ)
-    # mypy cannot follow an editable install's import hook: point it at the
-    # aiolock this test imports (a source checkout), so it checks that one.
+    # Point mypy at the aiolock this test imports (a source checkout), so it
+    # checks that one whatever is installed (tests/test_packaging.py checks
+    # what the README's editable install gives type checkers).
     root = Path(aiolock.__file__).resolve().parent.parent
     if (root / "pyproject.toml").is_file():
         env["MYPYPATH"] = str(root)

@@ -22,7 +22,7 @@ import pytest
 from aiolock import Client, ClientClosedError, Lease
 from aiolock._core.notify import ListWaiter
 from tests.conftest import MakeClient
-from tests.core_util import assert_clean, evalsha_calls, eventually
+from tests.core_util import assert_clean, evalsha_calls, eventually, parked_on_channels
 from tests.servers import RedisServer, TcpProxy
 
 PREFIX = "wk"
@@ -200,8 +200,9 @@ async def test_a_warm_waiter_cancelled_leaves_nothing(
     before = evalsha_calls(server)
     task = asyncio.create_task(waiter.lock("n").acquire())
     if where == "parked":
-        await eventually(lambda: waiter.statistics().waiting == 1, what="parked")
-        await asyncio.sleep(0.2)  # a confirming retry, if any, would run now
+        # Parked on its channel: past any confirming retry, which would have run first.
+        await eventually(lambda: parked_on_channels(waiter) == 1, what="parked")
+        assert waiter.statistics().waiting == 1
         assert evalsha_calls(server) - before == 1, "parked after one try"
         assert waiting_set(server, "n") == [waiter.id]
     else:

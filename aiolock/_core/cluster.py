@@ -68,13 +68,14 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
-from .connection import CommandConnection, NotSent, Orphan
+from .connection import CommandConnection, Orphan
 from .errors import (
     AiolockError,
     ClientClosedError,
     ConnectionFailedError,
     ServerRefusedError,
     UnsupportedServerError,
+    clause,
     from_redis,
 )
 from .futures import retrieve, stop
@@ -246,7 +247,7 @@ class Topology:
                     exc,
                 )
             raise ConnectionFailedError(
-                f"could not read the cluster's slot map from any known node: {exc!r}. "
+                f"could not read the cluster's slot map from any known node: {clause(exc)}. "
                 "Check that the cluster is up and reachable from here; aiolock retries"
             ) from exc
         slots: list[str | None] = [None] * 16384
@@ -511,7 +512,7 @@ class _Command:
                 conn.send(b"ASKING", callback=_ignore)
             conn.send(*self._args, callback=lambda r, e: self._reply(name, asking, r, e))
             return
-        if isinstance(error.__cause__, NotSent):
+        if isinstance(error, ConnectionFailedError) and error.not_sent:
             # The node could not be reached, so the command was never written:
             # re-sending is safe. The node may be gone for good (a failover in
             # progress): re-read the map and re-send to the slot's master then,

@@ -60,7 +60,7 @@ from .hiredis import hiredis
 from .outage import Outage
 from .redis_compat import ConnectionFactory
 
-__all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Lane", "NotSent", "Orphan"]
+__all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Lane", "Orphan"]
 
 #: The errors that say a command did not run (an error reply, a refusal):
 #: an orphaned acquire that failed with one of these needs no undo.
@@ -76,13 +76,6 @@ _REPLY_CLASSES: dict[str, type[ResponseError] | type[BusyLoadingError]] = {
     "MASTERDOWN": MasterDownError,
     "TRYAGAIN": TryAgainError,
 }
-
-
-class NotSent(RedisConnectionError):
-    """The connection could not be opened, so the command was never written:
-    it did not run, and re-sending it (elsewhere) is safe. The cause of the
-    ConnectionFailedError such a command fails with (the OS' or redis-py's
-    error is its own ``__cause__``)."""
 
 
 #: Receives the reply (or the error) of a command whose caller stopped waiting.
@@ -259,11 +252,10 @@ class CommandConnection:
             cause: Exception = (
                 exc if isinstance(exc, Exception) else RedisConnectionError(repr(exc))
             )
-            if type(from_redis(cause)) is ConnectionFailedError:  # not a refusal (AUTH...)
-                cause = NotSent(str(exc) or type(exc).__name__)
-                cause.__cause__ = exc
+            # Not a refusal (AUTH...): the commands were never written (not_sent).
+            not_sent = type(from_redis(cause)) is ConnectionFailedError
             for _, fut, orphan in backlog:
-                _fail(fut, orphan, cause)
+                _fail(fut, orphan, cause, not_sent)
             if not isinstance(exc, Exception):
                 raise
             return
@@ -364,11 +356,19 @@ def _ignore(reply: Any, error: BaseException | None) -> None:
     return None
 
 
-def _fail(fut: asyncio.Future[Any] | None, orphan: Orphan | None, cause: BaseException) -> None:
+def _fail(
+    fut: asyncio.Future[Any] | None,
+    orphan: Orphan | None,
+    cause: BaseException,
+    not_sent: bool = False,
+) -> None:
     """Fail one command with its own AiolockError caused by ``cause`` (redis-py's
     or the OS' error): an exception object is never shared by the tasks that
-    raise it (each raise would add to its traceback and rewrite its cause)."""
+    raise it (each raise would add to its traceback and rewrite its cause).
+    ``not_sent``: it was never written (ConnectionFailedError.not_sent)."""
     error = from_redis(cause)
+    if not_sent and isinstance(error, ConnectionFailedError):
+        error.not_sent = True
     if fut is None or fut.cancelled():
         if orphan is not None:
             orphan(None, error)

@@ -55,8 +55,10 @@ from .errors import (
     UnsupportedServerError,
     WrongEventLoopError,
     asyncio_required,
+    clause,
     from_redis,
 )
+from .evict import Evictions
 from .futures import stop
 from .holds import Holds
 from .listener import Channel, Listener
@@ -228,6 +230,8 @@ class Engine:
         #: The run of failed tries of waiting tasks (``compete``): one WARNING, one INFO.
         self.unreachable = Outage()
         self.watchdog = Watchdog(self, self.lease)
+        #: The eviction channels: a force release tells the holder's Client (evict.py).
+        self.evictions = Evictions(self)
         # Bound once, as attributes: no call frame more on the release path.
         #: Stop renewing an item (a hold, or a ``renew`` item); a no-op if not renewed.
         self.untrack: Callable[[Renewable], None] = self.watchdog.remove
@@ -379,8 +383,8 @@ class Engine:
         return ClientStatistics(
             holds=holds,
             waiting=waiting,
-            subscriptions=self.listener.active + self.signals.active,
-            watched=len(self.watchdog),
+            subscriptions=self.listener.active + self.signals.active - self.evictions.active,
+            watched=len(self.watchdog) - self.watchdog.checked,
             in_flight=self.mux.in_flight
             + self.renew_mux.in_flight
             + (self.acked_lane.in_flight if self.acked_lane is not None else 0),
@@ -523,7 +527,7 @@ class Engine:
             except Exception as exc:  # redis-py refuses the URL for a cluster (e.g. a db)
                 raise UnsupportedServerError(
                     f"this server is a Redis Cluster node, but its URL cannot make a "
-                    f"cluster client: {exc}. Fix the URL (a cluster has database 0 only), "
+                    f"cluster client: {clause(exc)}. Fix the URL (a cluster has database 0 only), "
                     "or pass a redis.asyncio.RedisCluster"
                 ) from exc
             self.owns_cluster_client = True

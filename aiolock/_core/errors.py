@@ -14,6 +14,7 @@ from redis.exceptions import (
 )
 
 __all__ = [
+    "CANNOT_REACH",
     "AiolockError",
     "AsyncioRequiredError",
     "ClientClosedError",
@@ -32,7 +33,9 @@ __all__ = [
     "WrongEventLoopError",
     "WrongTypeError",
     "asyncio_required",
+    "clause",
     "from_redis",
+    "sentence",
 ]
 
 
@@ -147,6 +150,10 @@ class ConnectionFailedError(AiolockError, ConnectionError):
     unreachable until the wait's timeout.
     """
 
+    #: (Internal) the command was never written, its connection could not be
+    #: opened: it did not run, and re-sending it elsewhere is safe.
+    not_sent = False
+
 
 class ServerUnavailableError(ConnectionFailedError):
     """The server answered but cannot serve commands for a while: it is loading
@@ -196,6 +203,23 @@ class InvalidArgumentError(AiolockError, ValueError):
 
 class InvalidArgumentTypeError(AiolockError, TypeError):
     """An argument had the wrong type (a non-string name, a string timeout)."""
+
+
+#: How a plain connection failure's message begins (redis-py's text follows).
+CANNOT_REACH = "cannot reach Redis: "
+
+
+def clause(text: object) -> str:
+    """``text`` (often redis-py's or the server's) to go on from with our own
+    punctuation: its trailing spaces and periods dropped ("user is disabled."
+    followed by ". Check" would read "disabled.. Check")."""
+    return str(text).rstrip(" .")
+
+
+def sentence(text: object) -> str:
+    """``text`` ended as a sentence: one period, or its own "?" or "!"."""
+    text = clause(text)
+    return text if text.endswith(("?", "!")) else text + "."
 
 
 def asyncio_required() -> AsyncioRequiredError:
@@ -255,11 +279,12 @@ def from_redis(exc: BaseException) -> AiolockError:
     """
     if isinstance(exc, AiolockError):
         return exc
-    message = (str(exc) or type(exc).__name__).rstrip(". ")
+    message = clause(str(exc) or type(exc).__name__)
+    said = sentence(message)  # the same, ended: "...disabled." or "...correct?"
     error: AiolockError
     if isinstance(exc, MasterChangedError):
         error = ServerUnavailableError(
-            f"the master changed (a Sentinel failover): {message}. The Client drops its "
+            f"the master changed (a Sentinel failover): {said} The Client drops its "
             "connections and follows the master the Sentinels name now; the command did "
             "not run, and aiolock retries it where it rides out an outage (waits, "
             "releases, renewals).",
@@ -268,7 +293,7 @@ def from_redis(exc: BaseException) -> AiolockError:
     elif isinstance(exc, AuthenticationError | AuthorizationError):
         code = "NOAUTH" if "NOAUTH" in message or "required" in message else "WRONGPASS"
         error = ServerRefusedError(
-            f"Redis refused the connection ({code}): {message}. {_ADVICE[code]}.", code
+            f"Redis refused the connection ({code}): {said} {_ADVICE[code]}.", code
         )
     elif isinstance(exc, BusyLoadingError) or (
         isinstance(exc, ResponseError) and message.split(" ", 1)[0] in UNAVAILABLE_CODES
@@ -277,19 +302,13 @@ def from_redis(exc: BaseException) -> AiolockError:
         # (redis-py's BusyLoadingError has "LOADING" cut off its message.)
         code = "LOADING" if isinstance(exc, BusyLoadingError) else message.split(" ", 1)[0]
         error = ServerUnavailableError(
-            f"Redis cannot serve commands now ({code}): {message}. {_ADVICE[code]}; "
+            f"Redis cannot serve commands now ({code}): {said} {_ADVICE[code]}; "
             "aiolock retries it where it rides out an outage.",
             code,
         )
     elif isinstance(exc, ResponseError):
         if "WRONGTYPE" in message:
-            error = WrongTypeError(
-                f"Redis refused the command: {message}. A key of this name holds a value "
-                "aiolock did not write (another library, e.g. redis-py's Lock, or another "
-                "kind of aiolock primitive uses the same name): pick another name, or give "
-                "the Client another prefix.",
-                "WRONGTYPE",
-            )
+            error = WrongTypeError(_wrong_type(message), "WRONGTYPE")
         else:
             first = message.split(" ", 1)[0]
             found = first if first in _ADVICE else None
@@ -298,13 +317,33 @@ def from_redis(exc: BaseException) -> AiolockError:
                 found = match.group(1) if match else None
             advice = _ADVICE[found] if found else "See the server's reply"
             code = found or (first if first.isupper() else "")
-            error = ServerRefusedError(f"Redis refused the command: {message}. {advice}.", code)
+            error = ServerRefusedError(f"Redis refused the command: {said} {advice}.", code)
     elif isinstance(exc, RedisError | OSError):
         error = ConnectionFailedError(
-            f"cannot reach Redis: {message}. Check that the server is up and reachable; "
+            f"{CANNOT_REACH}{said} Check that the server is up and reachable; "
             "aiolock reconnects on the next command."
         )
     else:
-        error = AiolockError(f"unexpected error talking to Redis: {message}.")
+        error = AiolockError(f"unexpected error talking to Redis: {said}")
     error.__cause__ = exc
     return error
+
+
+#: aiolock's own refusal (scripts/_types.lua): which key holds what.
+_OUR_WRONGTYPE = re.compile(r"key (?P<key>.+?) holds an? (?P<found>\w+), not the (?P<want>\w+)")
+
+
+def _wrong_type(message: str) -> str:
+    """The WrongTypeError message: which key holds what (when the script said),
+    once, and what to do; not the server's wrapping (script SHA, line)."""
+    mine = _OUR_WRONGTYPE.search(message)
+    if mine is not None:
+        what = f"key {mine['key']} holds a {mine['found']} where aiolock keeps a {mine['want']}"
+    else:
+        what = "a key of this lock holds a value of a type aiolock does not write there"
+    return (
+        f"Redis refused the command (WRONGTYPE): {what}. Another library (redis-py's Lock, "
+        "say) or another kind of aiolock primitive uses the same name; nothing was "
+        "changed. Pick another name, give the Client another prefix, or delete the key "
+        "if nothing uses it."
+    )

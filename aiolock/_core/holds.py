@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from .cluster import Topology
 from .connection import Lane, Orphan
 from .errors import LockNotOwnedError
+from .evict import Evictions
 from .futures import Outcome
 from .lease import Hold, HoldEngine, Lease, LostCallback, call_lost_callback
 from .observe import FIXED_LEASE_EXPIRED
@@ -48,6 +49,9 @@ class HoldOwner(HoldEngine, Protocol):
 
     @property
     def watchdog(self) -> Watchdog: ...
+
+    @property
+    def evictions(self) -> Evictions: ...
 
     @property
     def renew_mux(self) -> Lane: ...
@@ -110,6 +114,7 @@ class Holds:
         on_release: Callable[[Hold], asyncio.Future[int]] | None = None,
         confirmed: int = -1,
         kind: str = "lock",
+        handed_from: Hold | None = None,
     ) -> Hold:
         """The one place a hold is made: build it, wire it and start keeping it alive.
 
@@ -121,7 +126,9 @@ class Holds:
         hold ends; ``on_release`` replaces ``release_hold`` (the plain lock's
         handoff). ``confirmed``: the connection epoch in which the server
         granted it, if the primitive knows (see ``track``). The primitive
-        records the returned hold in its local state.
+        records the returned hold in its local state. ``handed_from``: the
+        hold this one takes over in a local handoff, detached unobserved
+        (``Hold.detach(observed=False)``): the observer sees both at once.
         """
         hold = Hold(
             self.engine,
@@ -141,13 +148,19 @@ class Holds:
         hold.confirmed = confirmed
         if task is not None:
             # The task's own id (a lock passed on locally keeps the Redis owner).
-            hold.holder = f"{owner.partition(':')[0]}:{task_serial(task)}"
-        self.engine.observer.hold_began(hold)
+            hold.serial = task_serial(task)
+        if handed_from is None:
+            self.engine.observer.hold_began(hold)
+        else:
+            self.engine.observer.hold_handed(handed_from, hold)
         self.track(hold)
         return hold
 
     def track(self, hold: Hold) -> None:
-        """Start keeping a new hold alive: the watchdog, or a timer for a fixed lease.
+        """Start keeping a new hold alive: the watchdog renews it, or (a fixed
+        lease) checks it each round and a timer ends it; and make sure the
+        Client listens on the eviction channel a force release of it would
+        be told on (evict.py: nothing to send after the first).
 
         Every primitive's new hold passes here, its ``expires_at`` being the
         send time of the acquire that was granted plus its lease. If that
@@ -162,12 +175,13 @@ class Holds:
             hold.confirmed = engine.epoch
         if hold.confirmed != engine.epoch:
             engine.start_verifier()
-        if hold.watchdog:
-            engine.watchdog.add(hold)
-        else:
+        if not hold.watchdog:
             hold.timer = asyncio.get_running_loop().call_at(
                 hold.expires_at, hold.gone, FIXED_LEASE_EXPIRED
             )
+        # Renewed, or (a fixed lease) checked every round: watchdog.py.
+        engine.watchdog.add(hold)
+        engine.evictions.watch(hold)
 
     def release_hold(self, hold: Hold) -> asyncio.Future[int]:
         """Start releasing a hold in Redis; the returned future resolves with the
@@ -282,7 +296,7 @@ class Holds:
         if a slot moved or is migrating, never a hold lost for it.
         """
         engine = self.engine
-        ms = to_ms(lease)
+        ms = to_ms(lease) if lease > 0 else 0  # (0: only check: a fixed lease)
         epoch = engine.epoch
         fut: asyncio.Future[list[Any]]
         if engine.topology is not None and len(items) > 1:

@@ -45,6 +45,7 @@ __all__ = [
     "RWKeys",
     "RedlockKeys",
     "SemaphoreKeys",
+    "lost_prefix",
     "main_key",
 ]
 
@@ -52,6 +53,16 @@ __all__ = [
 def main_key(prefix: str, name: str) -> str:
     """The main key of primitive ``name``: ``<prefix>:{<name>}`` (its hash tag is ``{<name>}``)."""
     return f"{prefix}:{{{name}}}"
+
+
+def lost_prefix(prefix: str, tag: str | None = None) -> str:
+    """The template of a Client's eviction channel (``+ client id``): where a
+    force release tells a holder's Client that its hold was deleted (see
+    scripts/_evict.lua and _core/evict.py). Standalone: ``<prefix>:lost:``,
+    one channel per Client. Cluster mode (``tag``: a hash tag of the evicted
+    name's slot, so that the script's SPUBLISH stays in its slot):
+    ``<prefix>:{<tag>}:lost:``, one channel per Client and slot."""
+    return f"{prefix}:lost:" if tag is None else f"{prefix}:{{{tag}}}:lost:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +99,9 @@ class LockKeys(Keys):
     fence: str
     wq: str
     wait_prefix: str
-    acquire: tuple[str, str, str]
+    acquire: tuple[str, str, str, str]
     free: tuple[str, str, str, str]
-    multi: tuple[str, str]
+    multi: tuple[str, str, str, str]
 
     @classmethod
     def of(cls, prefix: str, name: str) -> LockKeys:
@@ -103,9 +114,9 @@ class LockKeys(Keys):
             fence=fence,
             wq=wq,
             wait_prefix=f"{main}:w:",
-            acquire=(main, fence, wq),
+            acquire=(main, fence, wq, signal),
             free=(main, fence, signal, wq),
-            multi=(main, fence),
+            multi=(main, fence, wq, signal),
         )
 
     def wait_channel(self, client_id: str) -> bytes:
@@ -165,7 +176,8 @@ class RWKeys(Keys):
     ``channel`` / ``signal`` wake readers ("*"), ``wchannel`` / ``wsignal``
     writers ("1"). ``rel``: recently released tokens; ``wq``: waiting
     writers; ``rq``: Clients with parked readers. The tuples are the KEYS of
-    the rw_* scripts, which take the channels in ARGV.
+    the rw_* scripts, which take the channels in ARGV (the acquires take every
+    key, to check the types of those their releases and wake-ups write).
     """
 
     fence: str
@@ -175,12 +187,12 @@ class RWKeys(Keys):
     wchannel: bytes
     wsignal: str
     local: str
-    acquire_read: tuple[str, str, str, str]
-    acquire_write: tuple[str, str, str]
+    acquire_read: tuple[str, str, str, str, str, str, str]
+    acquire_write: tuple[str, str, str, str, str, str, str]
     release_read: tuple[str, str, str]
     release_write: tuple[str, str, str, str, str, str]
     unwait: tuple[str, str, str, str, str]
-    force_release: tuple[str, str, str, str, str]
+    force_release: tuple[str, str, str, str, str, str]
 
     @classmethod
     def of(cls, prefix: str, name: str) -> RWKeys:
@@ -199,12 +211,12 @@ class RWKeys(Keys):
             wchannel=wchannel,
             wsignal=wsignal,
             local=f"{main}:rw",
-            acquire_read=(main, fence, wq, rq),
-            acquire_write=(main, fence, wq),
+            acquire_read=(main, fence, wq, rq, rel, signal, wsignal),
+            acquire_write=(main, fence, wq, rq, rel, signal, wsignal),
             release_read=(main, rel, wsignal),
             release_write=(main, rel, wq, rq, signal, wsignal),
             unwait=(wq, main, rq, signal, wsignal),
-            force_release=(main, wq, rq, signal, wsignal),
+            force_release=(main, wq, rq, signal, wsignal, fence),
         )
 
 
@@ -212,17 +224,18 @@ class RWKeys(Keys):
 class SemaphoreKeys(Keys):
     """Semaphore (layout: scripts/_sem.lua): ``holders``, ``released``, ``fence``.
 
-    The tuples are the KEYS of the sem_* scripts (``state``: sem_state,
-    sem_set_permits and sem_force_release).
+    The tuples are the KEYS of the sem_* scripts (``state``: sem_state and
+    sem_set_permits; ``force_release``: sem_force_release).
     """
 
     holders: str
     released: str
     fence: str
     local: str
-    acquire: tuple[str, str, str, str]
+    acquire: tuple[str, str, str, str, str]
     release: tuple[str, str, str, str]
     state: tuple[str, str, str]
+    force_release: tuple[str, str, str, str]
 
     @classmethod
     def of(cls, prefix: str, name: str) -> SemaphoreKeys:
@@ -237,15 +250,17 @@ class SemaphoreKeys(Keys):
             released=released,
             fence=fence,
             local=f"{main}:sem",
-            acquire=(main, holders, fence, signal),
+            acquire=(main, holders, fence, signal, released),
             release=(main, holders, released, signal),
             state=(main, holders, signal),
+            force_release=(main, holders, signal, fence),
         )
 
 
 @dataclass(frozen=True, slots=True)
 class LatchKeys(Keys):
-    """Latch: one hash (``main``) and its wake-ups. ``down``: KEYS of latch_down."""
+    """Latch: one hash (``main``) and its wake-ups. ``down``: KEYS of latch_down
+    and latch_set (which checks the signal list its count-down will write)."""
 
     down: tuple[str, str]
     local: str

@@ -77,7 +77,6 @@ class Hold:
         "contexts",
         "engine",
         "expires_at",
-        "holder",
         "kind",
         "lease",
         "leases",
@@ -94,6 +93,7 @@ class Hold:
         "renew_key",
         "renew_script",
         "reserve",
+        "serial",
         "task",
         "timer",
         "token",
@@ -122,10 +122,9 @@ class Hold:
         #: When the hold began (``perf_counter``), for its hold time; None once it ended.
         self.began: float | None = None
         self.owner = owner
-        #: The holding task's owner id, ``<client id>:<task serial>`` (statistics()
-        #: show it). ``owner`` is the hold's entry in Redis: the same, but for a
-        #: lock passed on locally, which keeps the entry of the task it came from.
-        self.holder = owner
+        #: The holding task's serial (see owner.py), when its owner id differs
+        #: from ``owner`` (a lock passed on locally); 0: ``holder`` is ``owner``.
+        self.serial = 0
         self.token = token
         self.task = task
         self.lease = lease
@@ -155,6 +154,16 @@ class Hold:
         # Starts the release in Redis (default: Engine.release_hold); the
         # future resolves with the script's code (1, 2: released; 0: gone).
         self.on_release: Callable[[Hold], asyncio.Future[int]] | None = None
+
+    @property
+    def holder(self) -> str:
+        """The holding task's owner id, ``<client id>:<task serial>`` (statistics()
+        show it). ``owner`` is the hold's entry in Redis: the same, but for a
+        lock passed on locally, which keeps the entry of the task it came from.
+        (Built when asked, not per hold: a hold is made per local handoff.)"""
+        if not self.serial:
+            return self.owner
+        return f"{self.owner.partition(':')[0]}:{self.serial}"
 
     # -- the watchdog's interface ---------------------------------------------------------
 
@@ -190,13 +199,17 @@ class Hold:
         self.leases.append(lease)
         return lease
 
-    def detach(self) -> None:
-        """The hold ended: stop renewing it and free the local gate (once)."""
+    def detach(self, observed: bool = True) -> None:
+        """The hold ended: stop renewing it and free the local gate (once).
+
+        ``observed=False``: a local handoff, whose new hold tells the observer
+        that this one ended (``Holds.new_hold(handed_from=...)``)."""
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
         self.engine.untrack(self)
-        self.engine.observer.hold_ended(self)
+        if observed:
+            self.engine.observer.hold_ended(self)
         on_detach, self.on_detach = self.on_detach, None
         if on_detach is not None:
             on_detach(self)
@@ -222,8 +235,8 @@ class Lease:
       protect, and have it reject tokens older than the newest it has seen.
       A re-entry returns the holder's token.
     * ``lost``: True once the watchdog found the hold gone or could not renew
-      it in time, or a fixed lease ran out. Callbacks registered with
-      :meth:`on_lost` run then.
+      it in time, a fixed lease ran out, or the Client was told that the
+      hold was force-released. Callbacks registered with :meth:`on_lost` run then.
     * ``release()`` works from any task (a handoff) and is idempotent: a second
       call, or a retry after a cancelled call, never releases twice.
     """
@@ -302,6 +315,9 @@ class Lease:
         if outcome is not None:
             # Shielded: a cancelled caller does not stop the release.
             if isinstance(outcome, Outcome):
+                if outcome.done():  # (passed on locally: no wait at all)
+                    self._check_outcome(outcome.result())
+                    return
                 self._check_outcome(await outcome.wait())
             else:
                 self._check_outcome(await asyncio.shield(outcome))
@@ -314,9 +330,9 @@ class Lease:
             return None
         hold = self._hold
         hold.engine.check_usable()
-        if len(hold.leases) > 1 or hold.lost:
+        if len(hold.leases) > 1 or hold.lost_reason is not None:
             self._mark_released()
-            if hold.lost:
+            if hold.lost_reason is not None:
                 raise LockNotOwnedError(
                     f"{hold.name!r}: the lease was lost ({hold.lost_reason}); nothing to release"
                 )
@@ -326,7 +342,11 @@ class Lease:
             start = hold.on_release or hold.engine.release_hold
             outcome = start(hold)
             if isinstance(outcome, Outcome):
-                outcome.settled(self._released_in_redis)
+                if outcome.done():  # (passed on locally: released at once)
+                    if not outcome.cancelled() and outcome.exception() is None:
+                        self._mark_released()  # (_released_in_redis, inline)
+                else:
+                    outcome.settled(self._released_in_redis)
             else:
                 outcome.add_done_callback(self._released_in_redis)
         return outcome

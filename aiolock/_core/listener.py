@@ -16,7 +16,9 @@ so a release that happens between "try" and "subscribe" is never missed.
 
 Wake-ups are permits, not edges: a message that arrives while no waiter is
 parked (it is busy retrying) is kept, and the next `wait()` returns at once.
-A message "1" wakes one waiter, "*" wakes all, a number n wakes n. A woken waiter that is
+A message "1" wakes one waiter, "*" wakes all, a number n wakes n, "b <ms>" wakes
+all (a new hold that may expire within <ms>, before the bound they park on:
+they try again and learn its TTL; see wake_bounds in scripts/_wake.lua). A woken waiter that is
 cancelled before it ran passes its wake-up on. Lost messages cost at most one
 wait bound (the holder's TTL), never a hang: every `wait()` has a timeout.
 
@@ -54,6 +56,8 @@ _SUBSCRIBE_REPLIES = frozenset((b"subscribe", b"unsubscribe", b"ssubscribe", b"s
 
 WAKE_ONE = b"1"
 WAKE_ALL = b"*"
+#: "b <ms>": a new hold may expire before the bound the waiters park on.
+WAKE_BOUND = b"b "
 _PING = pack((b"PING",))
 _REDIRECT = re.compile(r"(?:MOVED|ASK) (\d+) ")
 _ROLE = pack((b"ROLE",))
@@ -170,7 +174,7 @@ class Channel:
             self._permits += 1
 
     def wake(self, message: bytes) -> None:
-        """Dispatch a release message: "1" wakes one, "*" wakes all, "<n>" wakes n,
+        """Dispatch a release message: "1" wakes one, "*" and "b <ms>" wake all, "<n>" wakes n,
         "g ..." (a lock granted to this Client) goes to ``grant_sink`` and wakes one."""
         if message[:2] == b"g " and self.grant_sink is not None:
             self.grant_sink(message)
@@ -179,7 +183,7 @@ class Channel:
             self.handler(message)
         elif message == WAKE_ONE:
             self.wake_one()
-        elif message == WAKE_ALL:
+        elif message == WAKE_ALL or message[:2] == WAKE_BOUND:
             self.wake_all()
         elif message.isdigit():
             for _ in range(min(int(message), max(self.refs, 1))):

@@ -77,13 +77,18 @@ class Telemetry(Protocol):
     def acquired(
         self, kind: str, name: str, outcome: Outcome, seconds: float, waited: bool
     ) -> None:
-        """An acquisition ended after ``seconds`` (waited: it had to park)."""
+        """An acquisition ended after ``seconds`` (waited: it had to park, and
+        stops waiting now: as ``waiting(kind, name, -1)``, in the same call)."""
 
     def waiting(self, kind: str, name: str, delta: int) -> None:
         """A task started (+1) or stopped (-1) waiting."""
 
     def held(self, kind: str, name: str, delta: int, seconds: float) -> None:
         """A hold began (+1, seconds 0) or ended (-1) after ``seconds``."""
+
+    def handed(self, kind: str, name: str, seconds: float) -> None:
+        """A hold ended after ``seconds`` and the next began at once in the
+        same Client (a local handoff): ``held(-1, seconds)`` then ``held(+1, 0)``."""
 
     def lost(self, kind: str, name: str) -> None:
         """A hold was lost."""
@@ -227,10 +232,9 @@ class Observer:
             self.waiting -= 1
         if telemetry is not None:
             # Never raises: past a grant, an exception here would leave the
-            # lock held with nobody to release it.
+            # lock held with nobody to release it. (A waited attempt stops
+            # waiting in the same call.)
             try:
-                if attempt.waited:
-                    telemetry.waiting(attempt.kind, attempt.name, -1)
                 telemetry.acquired(attempt.kind, attempt.name, outcome, seconds, attempt.waited)
             except Exception:
                 self.telemetry_failed()
@@ -257,6 +261,30 @@ class Observer:
             except Exception:
                 self.telemetry_failed()
 
+    def hold_handed(self, hold: Hold, new: Hold) -> None:
+        """A local handoff: ``hold`` ended and ``new`` (same kind and name)
+        began at once; as ``hold_ended(hold)`` then ``hold_began(new)``, with
+        one clock reading and one telemetry call (``Telemetry.handed``)."""
+        now = new.began = time.perf_counter()
+        began = hold.began
+        if began is None:  # (it ended already: only the new one begins)
+            self.holds += 1
+            if self.telemetry is not None:
+                try:
+                    self.telemetry.held(new.kind, new.name, 1, 0.0)
+                except Exception:
+                    self.telemetry_failed()
+            return
+        hold.began = None
+        seconds = now - began
+        if self.telemetry is not None:
+            try:
+                self.telemetry.handed(hold.kind, hold.name, seconds)
+            except Exception:
+                self.telemetry_failed()
+        if log.isEnabledFor(logging.DEBUG):
+            self._log_ended(hold, seconds)
+
     def hold_ended(self, hold: Hold) -> None:
         began = hold.began
         if began is None:
@@ -270,15 +298,20 @@ class Observer:
             except Exception:
                 self.telemetry_failed()
         if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "%s %r: hold of %s ended after %.1f ms (fencing token %d)%s",
-                hold.kind,
-                hold.name,
-                hold.owner,
-                seconds * 1000.0,
-                hold.token,
-                f", lost: {hold.lost_reason}" if hold.lost_reason is not None else "",
-            )
+            self._log_ended(hold, seconds)
+
+    @staticmethod
+    def _log_ended(hold: Hold, seconds: float) -> None:
+        """The DEBUG line of a hold that ended (hold_ended, hold_handed)."""
+        log.debug(
+            "%s %r: hold of %s ended after %.1f ms (fencing token %d)%s",
+            hold.kind,
+            hold.name,
+            hold.owner,
+            seconds * 1000.0,
+            hold.token,
+            f", lost: {hold.lost_reason}" if hold.lost_reason is not None else "",
+        )
 
     def lost(self, hold: Hold) -> None:
         if hold.lost_reason == CLIENT_CLOSED:

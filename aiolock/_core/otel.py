@@ -40,7 +40,14 @@ acquire + release makes only two, the histograms'. The counters and
 up-down counters are *asynchronous*: the Client adds to plain dicts
 (``Counts``) and the SDK reads their sums when it collects. Attribute dicts
 are cached per series; no span work unless the acquisition waited.
-``benchmarks/instrumentation.py`` measures it.
+With only the API installed (no SDK configured yet), the histograms are the
+API's proxies with nothing behind them: they are not called, and no span is
+looked for while the tracer is the API's proxy with no global
+TracerProvider set; the counts are kept all the same, so an SDK configured
+later reads true holds and waiters at once. A waited acquisition ends its
+wait in ``acquired`` (no separate ``waiting(-1)``), and a local handoff is
+one ``handed`` call (the hold counts do not move). ``benchmarks/instrumentation.py``
+measures it.
 """
 
 from __future__ import annotations
@@ -252,6 +259,7 @@ class OtelTelemetry:
         "_hold_time",
         "_label",
         "_labels",
+        "_proxy_tracer",
         "_tracer",
         "_wait_time",
     )
@@ -271,6 +279,9 @@ class OtelTelemetry:
         self._wait_time = shared.wait_time
         self._hold_time = shared.hold_time
         self._tracer = trace.get_tracer("aiolock", _version(), tracer_provider)
+        # The API's proxy tracer (no provider given): it makes no span until
+        # the application sets a global TracerProvider (checked in acquired()).
+        self._proxy_tracer = isinstance(self._tracer, trace.ProxyTracer)
         # One attribute dict per series: no allocation per event.
         self._attrs: dict[Key, dict[str, str]] = {}
 
@@ -325,31 +336,56 @@ class OtelTelemetry:
         return attrs
 
     def acquired(self, kind: str, name: str, outcome: str, seconds: float, waited: bool) -> None:
-        key = self._key(kind, outcome, name)
-        attrs = self._attributes(key)
-        self._wait_time.record(seconds, attrs)
+        # (_key inlined without a lock_label, here and below: a call less per event)
+        key = (kind, outcome, None) if self._label is None else self._key(kind, outcome, name)
+        hist = self._wait_time
+        # Not the API's proxy with no SDK behind it (its record() does nothing;
+        # a MeterProvider set later gives it a real instrument, seen at once):
+        # no attributes looked up, no call. Same for the hold time below.
+        if getattr(hist, "_real_instrument", hist) is not None:
+            hist.record(seconds, self._attributes(key))
         counts = self._counts.acquisitions
         counts[key] = counts.get(key, 0) + 1
-        if waited and trace.get_current_span().get_span_context().is_valid:
+        if not waited:
+            return
+        # It waited: it stops waiting now (one call per acquisition, not two).
+        wkey = (kind, "", None) if self._label is None else self._key(kind, "", name)
+        waiters = self._counts.waiters
+        waiters[wkey] = waiters.get(wkey, 0) - 1
+        if (
+            not self._proxy_tracer or getattr(trace, "_TRACER_PROVIDER", True) is not None
+        ) and trace.get_current_span().get_span_context().is_valid:
+            # (No span lookup while our tracer is the API's proxy and no global
+            # TracerProvider is set: it could only make a non-recording span.)
             end = time.time_ns()
             span = self._tracer.start_span(
-                SPAN, start_time=end - int(seconds * 1e9), attributes=attrs
+                SPAN, start_time=end - int(seconds * 1e9), attributes=self._attributes(key)
             )
             if outcome != "acquired":
                 span.set_status(Status(StatusCode.ERROR, outcome))
             span.end(end_time=end)
 
     def waiting(self, kind: str, name: str, delta: int) -> None:
-        key = self._key(kind, "", name)
+        key = (kind, "", None) if self._label is None else self._key(kind, "", name)
         counts = self._counts.waiters
         counts[key] = counts.get(key, 0) + delta
 
     def held(self, kind: str, name: str, delta: int, seconds: float) -> None:
-        key = self._key(kind, "", name)
+        key = (kind, "", None) if self._label is None else self._key(kind, "", name)
         counts = self._counts.holds
         counts[key] = counts.get(key, 0) + delta
         if delta < 0:
-            self._hold_time.record(seconds, self._attributes(key))
+            hist = self._hold_time
+            if getattr(hist, "_real_instrument", hist) is not None:
+                hist.record(seconds, self._attributes(key))
+
+    def handed(self, kind: str, name: str, seconds: float) -> None:
+        """A hold ended after ``seconds`` and the next began at once, in this
+        Client (a local handoff): held(-1, seconds) then held(+1, 0) in one call."""
+        hist = self._hold_time
+        if getattr(hist, "_real_instrument", hist) is not None:
+            key = (kind, "", None) if self._label is None else self._key(kind, "", name)
+            hist.record(seconds, self._attributes(key))
 
     def lost(self, kind: str, name: str) -> None:
         key = self._key(kind, "", name)

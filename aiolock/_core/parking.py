@@ -133,11 +133,15 @@ class ParkingLot(Generic[E]):
 
     # -- the waiter's side ----------------------------------------------------------------
 
-    def park(self, entry: E, deadline: float | None = None) -> asyncio.TimerHandle | None:
+    def park(
+        self, entry: E, deadline: float | None = None, *, noted: bool = False
+    ) -> asyncio.TimerHandle | None:
         """Queue ``entry`` (its future not done); at loop time ``deadline`` its
         future gets False. Returns the timer, for `unparked`. The caller then
-        awaits ``entry.fut`` itself (it counts as waiting: see observe.py)."""
-        note_waiting()
+        awaits ``entry.fut`` itself (it counts as waiting: see observe.py;
+        ``noted``: the caller counted it already)."""
+        if not noted:
+            note_waiting()
         self._entries.append(entry)
         self._live += 1
         if deadline is None:

@@ -13,9 +13,14 @@ finds in Redis as a template in ARGV (the part before the id). All of them
 come from aiolock/_core/keys.py.
 
 A refused command changes nothing: every script that writes checks the type
-of each key it touches before its first write (``_types.lua``) and fails with
-a ``WRONGTYPE aiolock: key <key> holds a ...`` error when one holds a value of
-another type (Redis keeps the writes a script made before an error).
+of each key it may write, on any path, before its first write (``_types.lua``)
+and fails with a ``WRONGTYPE aiolock: key <key> holds a ...`` error when one
+holds a value of another type (Redis keeps the writes a script made before an
+error). An acquire script also checks the keys that the release and the
+wake-ups of its primitive will write, so a cycle is refused at its start,
+never half done (a refused release would leave the hold). On the plain
+lock's hot path the checks cost no TYPE per key: typed reads that precede
+every write, and one EXISTS for the keys only waiters bring into being.
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ from .errors import (
     InvalidArgumentError,
     ServerRefusedError,
     UnsupportedServerError,
+    clause,
 )
 from .futures import stop
 from .listener import Listener
@@ -158,7 +159,7 @@ class SentinelWatch:
                 f"the server at one of {self.service.addresses} refused SENTINEL MASTER or "
                 f"get-master-addr-by-name ({exc}): is it a Sentinel, and may this user "
                 "run SENTINEL commands?"
-            ) from exc
+            ) from exc.__cause__ or exc
         if reply is None:
             return None
         host, port = reply[0], reply[1]
@@ -179,9 +180,9 @@ class SentinelWatch:
         assert last is not None
         raise ConnectionFailedError(
             f"no Sentinel of service {self.service.name!r} answered at "
-            f"{self.service.addresses} ({last}). Check that they are up and reachable; "
-            "aiolock tries again on the next command."
-        ) from last
+            f"{self.service.addresses} ({clause(last.__cause__ or last)}). Check that they "
+            "are up and reachable; aiolock tries again on the next command."
+        ) from last.__cause__ or last
 
     async def start(self) -> None:
         """Check that the Sentinels know the service (the master's address is

@@ -1,4 +1,13 @@
-"""The Client's one watchdog task: renews every watchdog lease, in batches.
+"""The Client's one watchdog task: renews every watchdog lease, and checks
+every fixed lease, in batches.
+
+A fixed lease (``lease=<seconds>``) is checked, never renewed: it is in the
+same rounds, sent to its renewal script with a lease of 0 ms, which only
+answers whether the hold is still there. So a hold deleted any other way
+than by its holder (a force release its Client did not hear of, an
+operator's ``DEL``, an eviction, a restart that lost it) is found gone and
+reported lost within one interval (``lease / 3`` of the Client's lease)
+plus a round trip. A checked item is never the reason a round comes early.
 
 Every ``lease / 3`` seconds (sooner for an item added with less than two
 thirds of a lease left, its acquire having taken a while) it renews
@@ -58,6 +67,8 @@ class Renewable(Protocol):
 
     def renewed(self, sent: float, lease: float) -> None: ...
 
+    # (``watchdog``, if present and False: a fixed lease, checked only.)
+
     def gone(self, reason: str) -> None: ...
 
 
@@ -91,14 +102,24 @@ def group_batches(
     mode: each item's shard, ``Engine.shard(item.renew_key)``, in the order of
     ``items``), of one shard."""
     if shards is None:
-        by_script: dict[str, list[R]] = {}
+        by_script: dict[tuple[str, bool], list[R]] = {}
         for item in items:
-            by_script.setdefault(item.renew_script, []).append(item)
-        return [(s, batch) for s, group in by_script.items() for batch in plan_batches(group, size)]
-    by_shard: dict[tuple[str, Hashable], list[R]] = {}
+            by_script.setdefault((item.renew_script, checked(item)), []).append(item)
+        return [
+            (s, batch) for (s, _), group in by_script.items() for batch in plan_batches(group, size)
+        ]
+    by_shard: dict[tuple[str, bool, Hashable], list[R]] = {}
     for item, shard in zip(items, shards, strict=True):
-        by_shard.setdefault((item.renew_script, shard), []).append(item)
-    return [(s, batch) for (s, _), group in by_shard.items() for batch in plan_batches(group, size)]
+        by_shard.setdefault((item.renew_script, checked(item), shard), []).append(item)
+    return [
+        (s, batch) for (s, _, _), group in by_shard.items() for batch in plan_batches(group, size)
+    ]
+
+
+def checked(item: Any) -> bool:
+    """Whether ``item`` is only checked (a fixed lease), not renewed. A batch
+    of ``group_batches`` never mixes the two."""
+    return getattr(item, "watchdog", True) is False
 
 
 class Watchdog:
@@ -114,10 +135,13 @@ class Watchdog:
         self._node: Callable[[int], Hashable] | None = None
         self._task: asyncio.Task[None] | None = None
         self._kick = asyncio.Event()
-        # Loop time of the next round (see _run); an item added that is due
-        # sooner kicks the watchdog. _soonest: the earliest due time of the
-        # items added since the last round began (the others were renewed then).
-        self._wake_at = 0.0
+        # Loop time of the next round (see _run; inf while idle, with nothing
+        # to renew); an item added that is due sooner kicks the watchdog, and
+        # only such an item: a lock handed on in this Client removes one hold
+        # and adds the next, which must not wake the watchdog each time.
+        # _soonest: the earliest due time of the items added since the last
+        # round began (the others were renewed then).
+        self._wake_at = math.inf
         self._soonest = math.inf
         self.rounds = 0
         self.calls = 0
@@ -125,6 +149,13 @@ class Watchdog:
         self.outage = Outage()
         self._error: BaseException | None = None  # the last renewal error seen
         self._gone = 0  # items found gone or lost in this round
+        #: How many items are only checked (fixed leases), not renewed.
+        self.checked = 0
+        # The task waits for a first item (nothing to renew or check). A checked
+        # item added then does not wake it (no task step per acquire of a
+        # fixed lease): a timer does, an interval later, for a round at once.
+        self._idle = False
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     def shard_by(self, slot: Callable[[Any], int], node: Callable[[int], Hashable]) -> None:
         """Cluster mode: batch the items by node, never two nodes in one call.
@@ -141,10 +172,22 @@ class Watchdog:
     def add(self, item: Renewable) -> None:
         slot = self._slot
         self._items[item] = 0 if slot is None else slot(item.renew_key)
-        due = self._due(item)
+        if checked(item):
+            # Checked at the next round, whenever it comes: never sooner.
+            self.checked += 1
+            if self._idle and self._idle_timer is None:
+                self._idle_timer = asyncio.get_running_loop().call_later(
+                    self.interval, self._idle_check
+                )
+            return
+        due = item.expires_at - 2 * self.interval  # (self._due(item), inline: once per hold)
         self._soonest = min(self._soonest, due)
-        if len(self._items) == 1 or due < self._wake_at:
+        if due < self._wake_at:
             self._kick.set()
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        self.check_now()
 
     def _due(self, item: Renewable) -> float:
         """When ``item``'s renewal is due: ``2 * interval`` (two thirds of a
@@ -155,7 +198,19 @@ class Watchdog:
         return item.expires_at - 2 * self.interval
 
     def remove(self, item: Renewable) -> None:
-        self._items.pop(item, None)
+        if self._items.pop(item, None) is not None and checked(item):
+            self.checked -= 1
+
+    def check_now(self) -> None:
+        """Start a round at once (or right after the one under way): the
+        Client may have missed an eviction message (evict.py)."""
+        if self._items:
+            self._soonest = -math.inf
+            self._kick.set()
+
+    def items(self) -> list[Renewable]:
+        """Every item renewed or checked (a copy)."""
+        return list(self._items)
 
     def __contains__(self, item: Renewable) -> bool:
         return item in self._items
@@ -164,6 +219,9 @@ class Watchdog:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="aiolock-watchdog")
 
     async def aclose(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         task, self._task = self._task, None
         await stop(task)
 
@@ -174,8 +232,16 @@ class Watchdog:
         while True:
             if not self._items:
                 self._ended("nothing is left to renew")
+                self._wake_at = math.inf
                 self._kick.clear()
-                await self._kick.wait()
+                self._idle = True
+                try:
+                    await self._kick.wait()
+                finally:
+                    self._idle = False
+                    if self._idle_timer is not None:
+                        self._idle_timer.cancel()
+                        self._idle_timer = None
                 wake, retrying = loop.time() + self.interval, False
             if not retrying:
                 # A round every interval, or sooner if an item is due sooner:
@@ -223,14 +289,18 @@ class Watchdog:
             batches = group_batches(items)
         else:
             batches = await self._group_by_node()
-        deadline = max(min(item.expires_at for item in items), sent + 0.001)
+        # (A fixed lease that ends sooner is no reason to wait less: it
+        # simply expires.)
+        renewed = [item.expires_at for item in items if not checked(item)]
+        deadline = max(min(renewed) if renewed else sent + self.interval, sent + 0.001)
         batch_of: dict[asyncio.Future[list[Any]], list[Renewable]] = {}
         ok = True
         try:
             for script, batch in batches:
                 if batch_of:
                     await asyncio.sleep(0)  # one call's packing per loop turn
-                batch_of[engine.renew_batch(script, batch, self.lease)] = batch
+                lease = 0.0 if checked(batch[0]) else self.lease
+                batch_of[engine.renew_batch(script, batch, lease)] = batch
                 self.calls += 1
             pending = set(batch_of)
             while pending:
@@ -281,13 +351,14 @@ class Watchdog:
         node = self._node
         assert node is not None
         pairs = list(self._items.items())
-        groups: dict[tuple[str, Hashable], list[Renewable]] = {}
+        groups: dict[tuple[str, bool, Hashable], list[Renewable]] = {}
         for start in range(0, len(pairs), BATCH):
             if start:
                 await asyncio.sleep(0)
             for item, slot in pairs[start : start + BATCH]:
-                groups.setdefault((item.renew_script, node(slot)), []).append(item)
-        return [(s, batch) for (s, _), group in groups.items() for batch in plan_batches(group)]
+                key = (item.renew_script, checked(item), node(slot))
+                groups.setdefault(key, []).append(item)
+        return [(s, batch) for (s, _, _), group in groups.items() for batch in plan_batches(group)]
 
     def _handle(self, batch: list[Renewable], fut: asyncio.Future[list[Any]], sent: float) -> bool:
         """Apply one call's results to its items; False if it (or an item) failed."""
@@ -301,11 +372,12 @@ class Watchdog:
         ok = True
         now = asyncio.get_running_loop().time()
         items = self._items
+        lease = 0.0 if checked(batch[0]) else self.lease
         for item, renewed in zip(batch, results, strict=True):
             if item not in items:
                 continue  # released meanwhile
             if renewed == 1:
-                item.renewed(sent, self.lease)
+                item.renewed(sent, lease)
             elif isinstance(renewed, BaseException):
                 ok = False
                 self._error = renewed

@@ -40,6 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.errors import (
+    CANNOT_REACH,
     ClientClosedError,
     ConnectionFailedError,
     InvalidArgumentError,
@@ -49,7 +50,7 @@ from .._core.errors import (
     LockTimeoutError,
     ServerUnavailableError,
     asyncio_required,
-    from_redis,
+    clause,
 )
 from .._core.keys import Keys
 from .._core.lease import Hold, Lease
@@ -154,6 +155,10 @@ class Contender(Protocol):
     @property
     def lease(self) -> float: ...
 
+    #: How long a try waits for a reply (a first contact gives up after it).
+    @property
+    def command_timeout(self) -> float: ...
+
     #: The run of failed tries of waiting tasks under way (one WARNING, one INFO).
     @property
     def unreachable(self) -> Outage: ...
@@ -169,6 +174,7 @@ async def compete(
     abandon: Callable[[], None] = lambda: None,
     parked: Callable[[bool], None] = lambda _: None,
     warm: Callable[[], Waiter | None] | None = None,
+    cut: bool = True,
 ) -> tuple[T, float]:
     """Try until ``attempt()`` returns a result; return it with the time it was sent.
 
@@ -183,13 +189,20 @@ async def compete(
     command connection reconnects on each try). With a deadline, until the
     deadline: a failure of the last try there raises ConnectionFailedError
     (not LockTimeoutError: the lock was not found busy, Redis was
-    unreachable). Without a deadline: for ever, once this wait has reached
-    Redis; a wait that never reached it gives up after
-    ``FIRST_CONTACT_TRIES`` tries with ConnectionFailedError (a wrong URL or
-    a server that is down fails fast instead of hanging; a server that
+    unreachable); so does a try cut by the deadline (no reply) when no try
+    of this wait found the lock busy. Without a deadline: for ever, once this
+    wait has reached Redis; a wait that never reached it gives up with
+    ConnectionFailedError after ``FIRST_CONTACT_TRIES`` tries or once
+    ``command_timeout`` has passed since it began (a wrong URL, a server
+    that is down or never answers fails instead of hanging; a server that
     answers that it cannot serve yet, ServerUnavailableError (LOADING,
     BUSY...), was reached). Server refusals (ServerRefusedError,
     WrongTypeError) are raised at once.
+
+    ``cut``: a try still running at the deadline is cut (given
+    ``REPLY_GRACE``); False for an ``attempt()`` that bounds itself and says
+    itself whether it was answered (Redlock's: ConnectionFailedError when too
+    few masters answered, else busy).
 
     ``warm()``, if given, returns a Waiter that is live already (a channel
     still subscribed and confirmed), or None. Taken before the first try, it
@@ -201,39 +214,82 @@ async def compete(
     is_parked = False
     failures = 0
     reached = False  # has any try of this wait had a reply from Redis?
+    busy = False  # has any try of this wait found the lock busy?
+    began = 0.0  # when the first failed try was sent (set on failure: not on the hot path)
+    failure: BaseException | None = None  # the last try's connection failure
     outage = engine.unreachable
     failing = False  # this task counts among outage.failing
     try:
         while True:
             sent = loop.time()
             try:
-                if deadline is None:
+                if deadline is None or not cut:
                     result, hint = await attempt()
                 else:
                     async with asyncio.timeout_at(max(deadline, sent + REPLY_GRACE)):
                         result, hint = await attempt()
             except TimeoutError:
-                raise LockTimeoutError(
-                    f"timed out waiting for {what} (no reply from Redis)"
-                ) from None
+                if busy:
+                    raise LockTimeoutError(
+                        f"timed out waiting for {what} (it was busy; the last try got no "
+                        "reply from Redis)"
+                    ) from None
+                # Never found busy: Redis did not answer (a paused or overloaded
+                # server, a black-holed network), as for a refused port.
+                waited = loop.time() - (began if failure is not None else sent)
+                cause = RedisTimeoutError(
+                    f"no reply from Redis to the try sent {loop.time() - sent:.1f} s before "
+                    "the timeout ran out"
+                )
+                earlier = f"; the tries before failed: {clause(failure)}" if failure else ""
+                raise ConnectionFailedError(
+                    f"gave up waiting for {what} after {waited:.1f} s: the try under way had "
+                    f"no answer from Redis when the timeout ran out{earlier}. The lock was "
+                    "never found busy. Check that the server is up and answering (a paused "
+                    "or overloaded server, a network that drops packets, or a cluster that "
+                    "cannot serve the slot, answer no command)"
+                ) from cause
             except TRANSIENT as exc:
                 failures += 1
+                if failure is None:
+                    began = sent  # (a first contact: the first try of the wait)
+                failure = exc
                 if not failing:
                     failing = True
                     outage.failing += 1
                 # LOADING, BUSY...: the server answered, it is there (not a wrong URL).
                 reached = reached or isinstance(exc, ServerUnavailableError)
                 now = loop.time()
+                # A first contact gives up after FIRST_CONTACT_TRIES quick failures
+                # (refused, unknown host), or after the first try that took
+                # command_timeout (a server that accepts but never answers).
+                first_contact_failed = not reached and (
+                    failures >= FIRST_CONTACT_TRIES or now - began >= engine.command_timeout
+                )
                 if (deadline is not None and now >= deadline) or (
-                    deadline is None and not reached and failures >= FIRST_CONTACT_TRIES
+                    deadline is None and first_contact_failed
                 ):
                     abandon()
+                    # redis-py's text for a plain connection failure (ours
+                    # only adds the advice given below), ours for any other
+                    # (it says what happened: "the master changed", "2 of 3
+                    # masters could not be reached"...).
+                    plain = exc.__cause__ is not None and str(exc).startswith(CANNOT_REACH)
+                    why = clause(exc.__cause__ if plain else exc)
                     if deadline is None:
-                        raise from_redis(exc) from exc.__cause__ or exc
+                        raise ConnectionFailedError(
+                            f"gave up waiting for {what} after {now - began:.1f} s: its first "
+                            f"tries did not reach Redis ({why}). A wait without a timeout "
+                            f"gives up when its first contact fails: {FIRST_CONTACT_TRIES} "
+                            "failed tries, or no reply within command_timeout "
+                            f"({engine.command_timeout:g} s). Check that the server is up "
+                            "and reachable"
+                        ) from exc.__cause__ or exc
+                    never = "" if busy else " The lock was never found busy."
                     raise ConnectionFailedError(
                         f"gave up waiting for {what}: Redis stayed unreachable until the "
-                        f"timeout ran out ({exc}). Check that the server is up and reachable, "
-                        "or wait longer"
+                        f"timeout ran out ({why}).{never} Check that the server is up and "
+                        "reachable, or wait longer"
                     ) from exc.__cause__ or exc
                 if engine.closed:
                     raise ClientClosedError("the aiolock Client was closed while waiting") from exc
@@ -276,6 +332,7 @@ async def compete(
                     if is_parked:
                         parked(False)
                 return result, sent
+            busy = True
             bound = hint if hint is not None and hint > 0 else engine.lease
             now = loop.time()
             if deadline is not None:
@@ -541,8 +598,13 @@ class LockLike(Generic[L]):
     ) -> None:
         await self._exit_ctx(exc_type, exc)
 
+    def _observed(self, timeout: float | None, lease: float | None) -> Coroutine[Any, Any, L]:
+        """``_acquire(timeout, lease)``, observed (``observed()``; the plain lock
+        observes inside its ``_acquire``: one coroutine frame less)."""
+        return observed(self._observer(), self.kind, self.name, self._acquire, timeout, lease)
+
     async def _enter_ctx(self, timeout: float | None, lease: float | None, on_lost: OnLost) -> L:
-        got = await observed(self._observer(), self.kind, self.name, self._acquire, timeout, lease)
+        got = await self._observed(timeout, lease)
         task = current_task()
         entry = _Entry(got, task, on_lost)
         self._entries().setdefault(task, []).append(entry)
@@ -651,15 +713,16 @@ class Acquirable(LockLike[L]):
         Redis outages: a waiting task rides out connection failures, retrying
         with backoff (at most a second apart) until its timeout; if Redis is
         still unreachable then, it raises ConnectionFailedError rather than
-        LockTimeoutError. Without a timeout it waits through any outage once
-        it has reached Redis, but a call whose first tries cannot reach
-        Redis at all (server down, wrong URL) fails fast with
-        ConnectionFailedError. A refusal (ServerRefusedError: password, ACL,
+        LockTimeoutError (also when no try was answered: a lock never found
+        busy is no timeout). Without a timeout it waits through any outage
+        once it has reached Redis, but a call whose first tries cannot reach
+        Redis at all (server down, wrong URL, a server that never answers)
+        gives up with ConnectionFailedError after 3 quick failures or one
+        ``command_timeout`` without a reply. A refusal (ServerRefusedError: password, ACL,
         out of memory; WrongTypeError: the key holds a value aiolock did not
         write) is raised at once.
         """
-        checked = check_timeout(timeout), check_lease(lease)
-        return observed(self._observer(), self.kind, self.name, self._acquire, *checked)
+        return self._observed(check_timeout(timeout), check_lease(lease))
 
     async def try_acquire(self, wait: float = 0.0, *, lease: float | None = None) -> L | None:
         """Acquire if possible within ``wait`` seconds (default: one try, no waiting).
@@ -669,11 +732,8 @@ class Acquirable(LockLike[L]):
         """
         checked_wait = check_timeout(wait, "wait")
         checked_lease = check_lease(lease)
-        observer = self._observer()
         try:
-            return await observed(
-                observer, self.kind, self.name, self._acquire, checked_wait, checked_lease
-            )
+            return await self._observed(checked_wait, checked_lease)
         except LockTimeoutError:
             return None
 

@@ -25,7 +25,10 @@ ms>:<grace ms>:<mode>`` (see ``scripts/_fair_queue.lua`` for the layout).
   until it is confirmed: a crashed waiter delays the queue by at most one
   lease. (The next Client in line is told when that handed hold would
   expire, so it checks back then rather than at its own, possibly longer,
-  bound.)
+  bound; so it is when a waiter takes the lock from the head of the queue
+  itself, and a Client whose hold ends without a release wakes its own
+  waiting calls: a hold that simply runs out never leaves the lock idle for
+  the longer TTL an older hold had.)
 * **Leaving.** An acquire that gives up (cancelled, timed out, Client
   closed, reply lost) takes its entry out at once, and passes the lock on if
   it had been handed to it meanwhile (``fair_leave``, run in the background).
@@ -291,6 +294,13 @@ class _FairState:
             self.held.remove(hold)
         except ValueError:
             pass
+        if hold.lost_reason is not None:
+            # It ended without a release (its fixed lease ran out, or it was
+            # found gone): nobody tells this Client's waiting calls, which may
+            # be next in line (the other Clients' next one was nudged when the
+            # hold was taken, see fair_nudge): each tries again now.
+            for ticket in list(self.tickets.values()):
+                ticket.wake()
         self._maybe_idle()
 
     def _maybe_idle(self) -> None:
@@ -390,6 +400,11 @@ class FairLock(SingleHolder):
         # Whatever became of a try (queued, granted, unknown): leave the queue,
         # passing on a lock handed to this call.
         leave = engine.undo((("fair_leave", keys, (wid, engine.retention_ms, *names.templates)),))
+        # In list mode, also this Client's own signal list: written by the
+        # release that hands the lock to this call, only type-checked here.
+        acquire_keys: tuple[str | bytes, ...] = keys
+        if engine.notify == "list":
+            acquire_keys = (*keys, names.client_signal(engine.id))
         queued = False
 
         async def attempt() -> tuple[int | None, float | None]:
@@ -404,7 +419,7 @@ class FairLock(SingleHolder):
                 1 if join else 0,
                 *names.templates,
             )
-            reply = await engine.eval("fair_acquire", keys, args, leave)
+            reply = await engine.eval("fair_acquire", acquire_keys, args, leave)
             if int(reply[0]) == 1:
                 queued = ticket.queued = False
                 return int(reply[1]), None
@@ -495,14 +510,24 @@ class FairLock(SingleHolder):
     async def force_release(self) -> bool:
         """Delete the lock whoever holds it (True if it was held); the next waiter gets it.
 
-        The evicted holder's lease is lost (at once if it is in this Client,
-        at its watchdog's next renewal otherwise). Fencing tokens keep increasing.
+        The evicted holder's lease is lost: at once if it is in this Client;
+        else its Client is told at once, through its eviction channel (pub/sub
+        mode, connected: within about a round trip); otherwise its watchdog
+        finds the hold gone within its Client's ``lease / 3``, fixed leases
+        included.
+        Fencing tokens keep increasing.
         """
         engine = self._engine
         engine.enter()
         deleted = int(
             await engine.eval(
-                "fair_force_release", self._names.all, (engine.retention_ms, *self._names.templates)
+                "fair_force_release",
+                self._names.all,
+                (
+                    engine.retention_ms,
+                    *self._names.templates,
+                    await engine.evictions.template(self._names.main),
+                ),
             )
         )
         state: _FairState | None = engine.peek_state(self._names.local)

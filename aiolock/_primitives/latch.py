@@ -102,7 +102,7 @@ class Latch(Primitive):
             value = check_count(count, allow_zero=False)
         engine = self._engine
         engine.enter()
-        reply = await engine.eval("latch_set", (self._key,), (value, engine.retention_ms))
+        reply = await engine.eval("latch_set", self._names.down, (value, engine.retention_ms))
         return int(reply) == 1
 
     async def count_down(self) -> int:

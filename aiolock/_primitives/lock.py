@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .._core.errors import LockTimeoutError
 from .._core.futures import Outcome
 from .._core.keys import LockKeys
 from .._core.lease import Hold, Lease
+from .._core.observe import Attempt, Observer, _attempt, outcome_of
 from .._core.parking import Parked, ParkingLot
-from .._core.validate import to_ms
+from .._core.validate import check_lease, check_timeout, to_ms
 from .base import SingleHolder, _Entry, compete, ttl_hint
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ class LocalQueue:
         "lock",
         "lot",
         "member",
+        "passed",
         "yield_next",
     )
 
@@ -109,6 +111,9 @@ class LocalQueue:
         # The waiting turns, FIFO (see _core/parking.py: a turn whose task gave
         # up is dropped lazily, O(1) for each of 100,000 waiters cancelled at once).
         self.lot: ParkingLot[_Turn] = ParkingLot()
+        # The outcome of every release passed on locally: released (1), known
+        # at once; made once (a done future, shared: nobody resolves it again).
+        self.passed: Outcome | None = None
 
     def holds(self) -> list[Hold]:
         return [self.hold] if self.hold is not None else []
@@ -197,7 +202,6 @@ class LocalQueue:
         if turn is None or lock is None or self.hold is not hold:
             self.handoffs = 0
             return engine.release_hold(hold)
-        loop = asyncio.get_running_loop()
         if (
             hold.reserve > 0
             and hold.watchdog
@@ -205,7 +209,8 @@ class LocalQueue:
             and self.handoffs < COHORT_BOUND
             and hold.confirmed == engine.epoch
         ):
-            return self._pass_locally(hold, turn, loop)
+            return self._pass_locally(hold, turn)
+        loop = asyncio.get_running_loop()
         if engine.ack is not None:
             # Replicas must acknowledge every grant, and the handoff script
             # grants on the main lane: release plainly instead, and the next
@@ -252,13 +257,11 @@ class LocalQueue:
         engine.send_script("handoff", lock._names.free, args, done)
         return outcome
 
-    def _pass_locally(
-        self, hold: Hold, turn: _Turn, loop: asyncio.AbstractEventLoop
-    ) -> asyncio.Future[int]:
+    def _pass_locally(self, hold: Hold, turn: _Turn) -> asyncio.Future[int]:
         """Hand the lock to the next local task with no round trip (see the class doc)."""
         assert self.lock is not None
         hold.on_detach = None
-        hold.detach()
+        hold.detach(observed=False)  # (the new hold tells the observer: _install)
         self.hold = None
         self.handoffs += 1
         new = self.lock._install(
@@ -271,6 +274,7 @@ class LocalQueue:
             hold.expires_at - hold.lease,
             hold.confirmed,  # the same hold in Redis
             redis_identity=hold,
+            handed_from=hold,
         )
         new.reserve = hold.reserve - 1
         if log.isEnabledFor(logging.DEBUG):
@@ -288,8 +292,10 @@ class LocalQueue:
             # Not reached today (release() picks a live waiter and hands with
             # no await between), but a hold nobody takes must not stay held.
             self.engine.spawn(new.new_lease().release())
-        done = Outcome(loop=loop)
-        done.set_result(1)
+        done = self.passed
+        if done is None:
+            done = self.passed = Outcome(loop=asyncio.get_running_loop())
+            done.set_result(1)
         return done
 
     def _handed(
@@ -305,11 +311,11 @@ class LocalQueue:
     ) -> None:
         assert self.lock is not None
         hold.on_detach = None  # the lock stays busy: no pass_turn
-        hold.detach()
+        hold.detach(observed=False)  # (the new hold tells the observer: _install)
         self.hold = None
         self.handoffs += 1
         new = self.lock._install(
-            self, turn.task, owner, token, turn.lease, lease_s, sent, confirmed
+            self, turn.task, owner, token, turn.lease, lease_s, sent, confirmed, handed_from=hold
         )
         new.reserve = TOKEN_RESERVE - 1
         if log.isEnabledFor(logging.DEBUG):
@@ -429,6 +435,13 @@ class LocalQueue:
         self.lot.close()
 
 
+def _acquired(attempt: Attempt | None, lease: Lease) -> Lease:
+    """An observed acquisition succeeded (see ``AsyncLock._acquire``)."""
+    if attempt is not None:
+        attempt.observer.finished(attempt, "acquired", lease)
+    return lease
+
+
 class AsyncLock(SingleHolder):
     """A reentrant distributed lock on Redis or Valkey, shared by any number of tasks.
 
@@ -495,54 +508,107 @@ class AsyncLock(SingleHolder):
 
     # -- acquire -----------------------------------------------------------------------
 
-    async def _acquire(self, timeout: float | None, lease: float | None) -> Lease:
-        engine = self._engine
-        task = engine.enter_task()
-        loop = task.get_loop()
-        state: LocalQueue | None = engine.peek_state(self._key)
-        if state is None:
-            state = engine.state(self._key, new_queue, self)
-        else:
-            hold = state.hold
-            if hold is not None and hold.task is task:
-                if hold.releasing is None:
-                    return hold.new_lease()
-                # Our release of it is still on its way (its caller was
-                # cancelled, or another task released the lease): no re-entry
-                # into a hold being released; queue up (the lock is busy) and
-                # get a new hold after it.
-            if state.lock is None:
-                state.lock = self
-        deadline = None if timeout is None else loop.time() + timeout
-        if state.busy:
-            # state.turn(), inline: one coroutine frame less per waiting task.
-            fut, timer = state.enqueue(loop, deadline, task, lease)
-            try:
-                got = await fut
-            except asyncio.CancelledError:
-                state.gave_up(fut)
-                raise
-            finally:
-                state.lot.unparked(timer)
-            handed = state.took(got)
-            if handed is not None:
-                return handed.new_lease()
-            if state.yield_next:
-                # Another Client's task waits: give it a moment to take the lock.
-                state.yield_next = False
-                try:
-                    await asyncio.sleep(COHORT_YIELD)
-                except BaseException:
-                    state.pass_turn()
-                    raise
-        else:
-            state.busy = True
+    def acquire(
+        self, *, timeout: float | None = None, lease: float | None = None
+    ) -> Coroutine[Any, Any, Lease]:
+        """Wait for the lock and return its lease (see ``Acquirable.acquire``).
+
+        The plain lock observes the attempt (statistics, telemetry) inside
+        ``_acquire`` rather than through ``observed()``: one coroutine frame
+        less per waiting task (0.69 of 1.82 KiB per waiter) and on every
+        resumption (issue 20 item 8)."""
+        # (The checks and the observer inline when no argument is given: the
+        # common call, made once per acquisition.)
+        return self._acquire(
+            None if timeout is None else check_timeout(timeout),
+            None if lease is None else check_lease(lease),
+            self._engine.observer,
+        )
+
+    def _observed(self, timeout: float | None, lease: float | None) -> Coroutine[Any, Any, Lease]:
+        # try_acquire and ``async with`` too: observed inside _acquire (see acquire).
+        return self._acquire(timeout, lease, self._engine.observer)
+
+    async def _acquire(
+        self, timeout: float | None, lease: float | None, observer: Observer | None = None
+    ) -> Lease:
+        # Observed here, as observed() would, if an observer is given (the
+        # callers that go through observed() give none).
+        # The attempt is in the context (for note_waiting) only while it
+        # competes in Redis: a task parked in the local queue counts itself
+        # as waiting, with no context entry per waiting task.
+        attempt = token = None
+        if observer is not None:
+            attempt = Attempt(observer, self.kind, self.name)
         try:
-            hold = await self._compete(state, task, lease, deadline, loop)
-        except BaseException:
-            state.pass_turn()  # (which leaves the waiting set if no local task waits on)
+            engine = self._engine
+            task = engine.enter_task()
+            loop = task.get_loop()
+            state: LocalQueue | None = engine.peek_state(self._key)
+            if state is None:
+                state = engine.state(self._key, new_queue, self)
+            else:
+                hold = state.hold
+                if hold is not None and hold.task is task:
+                    if hold.releasing is None:
+                        return _acquired(attempt, hold.new_lease())
+                    # Our release of it is still on its way (its caller was
+                    # cancelled, or another task released the lease): no re-entry
+                    # into a hold being released; queue up (the lock is busy) and
+                    # get a new hold after it.
+                if state.lock is None:
+                    state.lock = self
+            deadline = None if timeout is None else loop.time() + timeout
+            if state.busy:
+                if attempt is not None and not attempt.waited:  # (note_waiting)
+                    attempt.waited = True
+                    attempt.observer.began_waiting(attempt)
+                # state.turn(), inline: one coroutine frame less per waiting task.
+                # (Counted as waiting above if observed here: the lot need not
+                # look for an attempt in the context; observed() callers' it finds.)
+                if deadline is not None and deadline <= loop.time():
+                    raise LockTimeoutError("the lock is busy and the timeout allowed no wait")
+                fut: asyncio.Future[bool | Hold] = loop.create_future()
+                timer = state.lot.park(_Turn(fut, task, lease), deadline, noted=attempt is not None)
+                try:
+                    got = await fut
+                except asyncio.CancelledError:
+                    state.gave_up(fut)
+                    raise
+                finally:
+                    state.lot.unparked(timer)
+                if isinstance(got, Hold):  # (state.took(), inline)
+                    lease_ = got.new_lease()
+                    if attempt is not None:
+                        attempt.observer.finished(attempt, "acquired", lease_)
+                    return lease_
+                if not got:
+                    raise LockTimeoutError("timed out waiting for the lock")
+                if state.yield_next:
+                    # Another Client's task waits: give it a moment to take the lock.
+                    state.yield_next = False
+                    try:
+                        await asyncio.sleep(COHORT_YIELD)
+                    except BaseException:
+                        state.pass_turn()
+                        raise
+            else:
+                state.busy = True
+            if attempt is not None:
+                token = _attempt.set(attempt)
+            try:
+                hold = await self._compete(state, task, lease, deadline, loop)
+            except BaseException:
+                state.pass_turn()  # (which leaves the waiting set if no local task waits on)
+                raise
+            return _acquired(attempt, hold.new_lease())
+        except BaseException as exc:
+            if attempt is not None and not attempt.done:
+                attempt.observer.finished(attempt, outcome_of(exc), None)
             raise
-        return hold.new_lease()
+        finally:
+            if token is not None:
+                _attempt.reset(token)
 
     async def _compete(
         self,
@@ -558,6 +624,7 @@ class AsyncLock(SingleHolder):
         keys = self._names.acquire
         attempt_id = engine.attempt_id()
         base = (owner, to_ms(lease_s), engine.retention_ms, TOKEN_RESERVE, attempt_id)
+        tail = (self._channel, self._names.wait_prefix)
         # Not with replicas acknowledging: a grant by another Client's release
         # is taken without a round trip, so nothing would wait for the replicas.
         targeted = self._targeted and engine.notify == "pubsub" and engine.ack is None
@@ -586,10 +653,12 @@ class AsyncLock(SingleHolder):
             granted = state.take_grant(member)
             if granted is not None:
                 return granted[0], None  # granted by a release: no round trip
-            # Register for a wake-up only if this call may wait.
-            may_wait = targeted and (deadline is None or deadline > loop.time())
-            prev = state.registered(member if may_wait else "")
-            args = (*base, member if may_wait else "", engine.lease_ms, prev)
+            # Register for a wake-up only if this call may wait; a try that
+            # will not wait ("-") flags nothing (nobody waits on its account).
+            will_wait = deadline is None or deadline > loop.time()
+            entry = (member if targeted else "") if will_wait else "-"
+            prev = state.registered(member if entry == member else "")
+            args = (*base, entry, engine.lease_ms, prev, *tail)
             epoch = engine.epoch
             reply = await engine.eval(script, keys, args, undo)
             if reply[0] == 1:
@@ -657,11 +726,13 @@ class AsyncLock(SingleHolder):
         confirmed: int,
         *,
         redis_identity: Hold | None = None,
+        handed_from: Hold | None = None,
     ) -> Hold:
         """Make a new hold of ``task`` (``Engine.new_hold``) and record it as the local one.
 
         ``redis_identity``: a hold passed on locally keeps the Redis entry
         (owner and token) of the hold it came from, for release and renewal.
+        ``handed_from``: the hold this one takes over locally (see ``new_hold``).
         """
         engine = self._engine
         if redis_identity is not None:
@@ -697,6 +768,7 @@ class AsyncLock(SingleHolder):
             on_release=state.release,
             confirmed=confirmed,
             kind=self.kind,
+            handed_from=handed_from,
         )
         return hold
 
@@ -714,8 +786,12 @@ class AsyncLock(SingleHolder):
     async def force_release(self) -> bool:
         """Delete the lock whoever holds it; True if it was held.
 
-        The evicted holder's lease is lost (at once if it is in this Client,
-        at its watchdog's next renewal otherwise). Fencing tokens keep increasing.
+        The evicted holder's lease is lost: at once if it is in this Client;
+        else its Client is told at once, through its eviction channel (pub/sub
+        mode, connected: within about a round trip); otherwise its watchdog
+        finds the hold gone within its Client's ``lease / 3``, fixed leases
+        included.
+        Fencing tokens keep increasing.
         """
         engine = self._engine
         engine.enter()
@@ -723,7 +799,12 @@ class AsyncLock(SingleHolder):
             await engine.eval(
                 "force_release",
                 self._names.free,
-                (self._channel, self._names.wait_prefix, engine.retention_ms),
+                (
+                    self._channel,
+                    self._names.wait_prefix,
+                    engine.retention_ms,
+                    await engine.evictions.template(self._key),
+                ),
             )
         )
         state: LocalQueue | None = engine.peek_state(self._key)

@@ -434,6 +434,7 @@ async def _compete_group(
     lease_s = engine.lease if lease is None else lease
     keys = tuple(k for lock in locks for k in lock._names.multi)
     attempt_id = engine.attempt_id()
+    channels = tuple(x for lock in locks for x in (lock._channel, lock._names.wait_prefix))
     args = (owner, to_ms(lease_s), engine.retention_ms, attempt_id)
     blocker = [locks[0]]
     # Unknown whether it ran: release the hold this attempt may have taken of each lock.
@@ -456,8 +457,12 @@ async def _compete_group(
         _undo_granted,
     )
 
+    loop = asyncio.get_running_loop()
+
     async def attempt() -> tuple[list[int] | None, float | None]:
-        reply = await engine.eval("multi_acquire", keys, args, undo)
+        # A try that will not wait flags no busy lock as waited for ("0").
+        will_wait = "1" if deadline is None or deadline > loop.time() else "0"
+        reply = await engine.eval("multi_acquire", keys, (*args, will_wait, *channels), undo)
         if reply[0] == 1:
             return [int(token) for token in reply[1:]], None
         blocker[0] = locks[int(reply[1]) - 1]

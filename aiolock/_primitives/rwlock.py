@@ -334,7 +334,16 @@ class ReadWriteLock(Primitive):
         lease_s = engine.lease if lease is None else lease
         keys = self._names.acquire_read
         nonce = str(engine.attempt_id())
-        args = (owner, to_ms(lease_s), engine.retention_ms, engine.id, nonce)
+        names = self._names
+        args = (
+            owner,
+            to_ms(lease_s),
+            engine.retention_ms,
+            engine.id,
+            nonce,
+            names.channel,
+            names.wchannel,
+        )
         # Unknown whether it ran: release this call's read hold, if any.
         undo = engine.undo(
             (
@@ -347,8 +356,12 @@ class ReadWriteLock(Primitive):
             _read_replied,
         )
 
+        loop = asyncio.get_running_loop()
+        tried = (*args[:3], "", *args[4:])  # a try that will not wait: not recorded as parked
+
         async def attempt() -> tuple[int | None, float | None]:
-            reply = await engine.eval("rw_acquire_read", keys, args, undo)
+            will_wait = deadline is None or deadline > loop.time()
+            reply = await engine.eval("rw_acquire_read", keys, args if will_wait else tried, undo)
             if int(reply[0]) == 1:
                 return int(reply[1]), None
             return None, max(int(reply[1]), 1) / 1000.0
@@ -440,12 +453,13 @@ class ReadWriteLock(Primitive):
             self._write_replied,
         )
         entry = _WaitEntry(engine, self._names.wq, f"{owner}#{nonce}")
+        wchannel = self._names.wchannel
 
         async def attempt() -> tuple[int | None, float | None]:
             sent = loop.time()
             # Register as a waiting writer only if we may wait after this try.
             wait_ms = engine.lease_ms if deadline is None or deadline > sent else 0
-            args = (owner, lease_ms, engine.retention_ms, wait_ms, nonce)
+            args = (owner, lease_ms, engine.retention_ms, wait_ms, nonce, self._channel, wchannel)
             reply = await engine.eval("rw_acquire_write", keys, args, undo)
             code = int(reply[0])
             if code == 1:
@@ -503,7 +517,9 @@ class ReadWriteLock(Primitive):
         names = self._names
         evicted = int(
             await engine.eval(
-                "rw_force_release", names.force_release, (what, names.channel, names.wchannel)
+                "rw_force_release",
+                names.force_release,
+                (what, names.channel, names.wchannel, await engine.evictions.template(names.main)),
             )
         )
         state = self._local()
@@ -525,8 +541,10 @@ class ReadWriteLock(Primitive):
     async def force_release(self) -> bool:
         """Evict the writer and every reader, whoever they are; True if any was there.
 
-        Their leases are lost (at once in this Client, at their watchdog's next
-        renewal elsewhere). Waiting writers stay; fencing tokens keep increasing.
+        Their leases are lost: at once in this Client; in another, its Client
+        is told at once through its eviction channel (pub/sub mode,
+        connected), else its watchdog finds them gone within its ``lease / 3``.
+        Waiting writers stay; fencing tokens keep increasing.
         """
         return await self._force("all")
 
@@ -609,8 +627,10 @@ class _Side(Acquirable[Lease]):
     async def force_release(self) -> bool:
         """Evict every holder of this side, whoever they are; True if there was one.
 
-        The evicted leases are lost (at once in this Client, at their
-        watchdog's next renewal elsewhere). Fencing tokens keep increasing.
+        The evicted leases are lost: at once in this Client; in another, its
+        Client is told at once through its eviction channel (pub/sub mode,
+        connected), else its watchdog finds them gone within its ``lease / 3``.
+        Fencing tokens keep increasing.
         """
         return await self._core._force(self._what)
 

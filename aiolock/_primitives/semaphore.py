@@ -513,13 +513,14 @@ class Semaphore(Primitive, LockLike[Permit]):
           runs (expired ones are purged and do not count). Acquisitions made
           after it are not touched.
         * **What they see:** their lease is lost, with reason
-          ``"force-released"`` at once for the holds of this Client, at their
-          watchdog's next renewal (within ``lease / 3``) in other Clients:
-          ``lease.lost`` turns true, ``on_lost`` callbacks run, and the body of
-          ``async with`` is cancelled with LockLostError. A fixed-lease holder
-          elsewhere is not told (it has no renewal) until it extends or
-          releases: its release then raises LockNotOwnedError, never gives
-          back permits it no longer has.
+          ``"force-released"`` at once for the holds of this Client; another
+          holder's Client is told at once through its eviction channel
+          (pub/sub mode, connected: about a round trip), else its watchdog
+          finds the hold gone within that Client's ``lease / 3`` (fixed
+          leases are checked too): ``lease.lost`` turns true, ``on_lost``
+          callbacks run, and the body of ``async with`` is cancelled with
+          LockLostError. Its release then raises LockNotOwnedError, never
+          gives back permits it no longer has.
         * **Waiters** are woken as by a release of all those permits (as many
           as came free, per Client); a pending claim is kept.
         * **Nothing else changes:** N (as Redis has it; this object's
@@ -528,7 +529,11 @@ class Semaphore(Primitive, LockLike[Permit]):
         """
         engine = self._engine
         engine.enter()
-        reply = await engine.eval("sem_force_release", self._names.state, (self._channel,))
+        reply = await engine.eval(
+            "sem_force_release",
+            self._names.force_release,
+            (self._channel, await engine.evictions.template(self._names.main)),
+        )
         evicted = {m.decode() if isinstance(m, bytes) else str(m) for m in reply}
         state: _SemState | None = engine.peek_state(self._names.local)
         if state is not None:

@@ -586,12 +586,20 @@ def _report(
     elapsed = cfg.duration
     lat = sorted(handoffs(list(records)))
     _say(out)
-    _say(
-        out,
-        f"results: {len(records):,} holds in {elapsed:g} s = {len(records) / elapsed:,.0f} "
-        f"acquisitions/s across {cfg.processes} processes",
-    )
-    if lat:
+    if cfg.use_lock:
+        _say(
+            out,
+            f"results: {len(records):,} holds in {elapsed:g} s = {len(records) / elapsed:,.0f} "
+            f"acquisitions/s across {cfg.processes} processes",
+        )
+    else:
+        _say(
+            out,
+            f"results: {len(records):,} read-modify-write cycles WITHOUT a lock in "
+            f"{elapsed:g} s = {len(records) / elapsed:,.0f} cycles/s across "
+            f"{cfg.processes} processes (nothing acquired, nothing handed over)",
+        )
+    if lat and cfg.use_lock:
         _say(
             out,
             f"  handoff latency: p50 {_ms(_percentile(lat, 0.5))}, "
@@ -604,7 +612,7 @@ def _report(
             "time.monotonic_ns)",
         )
     shares = [f"{cfg.lock_name(i)} {n:,}" for i, n in enumerate(live.figures()["per_lock"])]
-    _say(out, f"  holds per lock: {', '.join(shares)}")
+    _say(out, f"  {'holds per lock' if cfg.use_lock else 'cycles per name'}: {', '.join(shares)}")
     checks = verify(cfg, records, finals, admin)
     _say(out)
     _say(out, "checks:")

@@ -46,6 +46,20 @@ def handoffs(records: list[Record], settled: int | None = None) -> list[int]:
     return out
 
 
+def rate_label(cfg: Config) -> str:
+    """The rate's name: with ``--no-lock`` nothing is acquired, tasks only run
+    their unprotected read-modify-write cycles."""
+    return "acquisitions/s" if cfg.use_lock else "cycles/s (no lock)"
+
+
+def handoff_text(cfg: Config, p50: float, p99: float) -> str:
+    """The handoff figure, or why there is none: without the lock nothing is
+    handed from one holder to the next."""
+    if not cfg.use_lock:
+        return "handoff n/a (no lock)"
+    return f"handoff p50 {_ms(p50)} p99 {_ms(p99)}"
+
+
 def _ms(ns: float) -> str:
     if math.isnan(ns):
         return "-"
@@ -134,8 +148,8 @@ class _PlainView:
         self.last = f["elapsed"]
         rate = "-" if math.isnan(f["rate"]) else f"{f['rate']:,.0f}"
         print(
-            f"  {f['elapsed']:5.1f}s  acquisitions/s {rate:>7}  "
-            f"handoff p50 {_ms(f['p50'])} p99 {_ms(f['p99'])}  "
+            f"  {f['elapsed']:5.1f}s  {rate_label(self.cfg)} {rate:>7}  "
+            f"{handoff_text(self.cfg, f['p50'], f['p99'])}  "
             f"waiting {f['waiting']}/{self.cfg.processes * self.cfg.tasks}  "
             f"connections {f['connections']}",
             file=self.out,
@@ -174,13 +188,17 @@ class _RichView:
         )
         grid.add_row("elapsed", clock)
         rate = "-" if math.isnan(f["rate"]) else f"{f['rate']:,.0f}"
-        grid.add_row("acquisitions/s", f"[cyan]{rate}[/]   (total {f['total']:,})")
-        grid.add_row("handoff p50 / p99", f"[cyan]{_ms(f['p50'])}[/] / [cyan]{_ms(f['p99'])}[/]")
+        grid.add_row(rate_label(cfg), f"[cyan]{rate}[/]   (total {f['total']:,})")
+        if cfg.use_lock:
+            handoff = f"[cyan]{_ms(f['p50'])}[/] / [cyan]{_ms(f['p99'])}[/]"
+            grid.add_row("handoff p50 / p99", handoff)
+        else:
+            grid.add_row("handoff", "n/a (no lock: nothing is handed over)")
         grid.add_row("tasks waiting", f"{f['waiting']:,} of {cfg.processes * cfg.tasks:,}")
         grid.add_row("connections in use", f["connections"])
         grid.add_row("commands in flight", f"{f['in_flight']:,}")
         grid.add_row(
-            "holds per lock",
+            "holds per lock" if cfg.use_lock else "cycles per name (no lock)",
             " · ".join(f"{cfg.lock_name(i)} {n:,}" for i, n in enumerate(f["per_lock"])),
         )
         total = max(1, sum(f["per_process"]))

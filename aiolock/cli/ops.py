@@ -38,8 +38,10 @@ from redis.exceptions import (
     ResponseError,
 )
 
+from aiolock._core.errors import clause, sentence
 from aiolock.cli.ops_state import (
     KEY_SUFFIXES,
+    NOT_SHOWN,
     NameState,
     Primitive,
     RawKey,
@@ -368,12 +370,12 @@ def _arun(make: Callable[[], Coroutine[Any, Any, T]], target: Target) -> T:
         return asyncio.run(make())
     except AuthenticationError as exc:
         raise OpsError(
-            f"aiolock: {shown} refused the login: {exc}. Check the URL's user and password"
+            f"aiolock: {shown} refused the login: {sentence(exc)} Check the URL's user and password"
         ) from None
     except (ConnectionError, TimeoutError, OSError) as exc:
         raise OpsError(_cannot_connect(shown, exc)) from None
     except RedisClusterException as exc:  # e.g. --cluster on a standalone server
-        raise OpsError(f"aiolock: {shown} as a cluster: {exc}. Check --cluster") from None
+        raise OpsError(f"aiolock: {shown} as a cluster: {sentence(exc)} Check --cluster") from None
     except RedisError as exc:
         if isinstance(exc, ResponseError):
             raise OpsError(f"aiolock: {shown} refused a command: {exc}") from None
@@ -381,11 +383,11 @@ def _arun(make: Callable[[], Coroutine[Any, Any, T]], target: Target) -> T:
 
 
 def _cannot_connect(shown: str, exc: BaseException) -> str:
-    reason = str(exc).strip().rstrip(".") or type(exc).__name__
+    reason = clause(str(exc).strip()) or type(exc).__name__
     found = re.match(r"Error (\d+) connecting to \S+?\. ", reason)
     if found is not None:  # redis-py's "Error 111 connecting to h:p. <detail>"
         reason = os.strerror(int(found[1]))
-    return f"aiolock: cannot connect to {shown}: {reason}. Check --url or REDIS_URL"
+    return f"aiolock: cannot connect to {shown}: {sentence(reason)} Check --url or REDIS_URL"
 
 
 async def _with_server(target: Target, body: Callable[[Server], Coroutine[Any, Any, T]]) -> T:
@@ -419,11 +421,13 @@ def primitive_json(p: Primitive) -> dict[str, Any]:
         "name": p.name,
         "kind": p.kind,
         "key": p.key,
+        "state": p.state,
         "held": p.held,
         "ttl_ms": p.ttl_ms,
         "holders": [asdict(h) for h in p.holders],
         "waiters": [asdict(w) for w in p.waiters],
         "untracked_waiters": p.untracked_waiters,
+        "waiters_not_shown": p.not_shown,
         "last_token": p.last_token,
         "last_released": p.last_released,
         "details": dict(p.details),
@@ -456,6 +460,8 @@ _KIND_WORDS = {
 
 def holder_text(p: Primitive) -> str:
     """Who holds ``p``, in a few words (``top`` and ``force-release``)."""
+    if p.kind == "latch":
+        return latch_text(p)
     if not p.holders:
         return "nobody"
     parts = []
@@ -469,13 +475,17 @@ def holder_text(p: Primitive) -> str:
     return ", ".join(parts)
 
 
+def latch_text(p: Primitive) -> str:
+    """A latch's state, the same words in every command: "counting down: N to go" or "open"."""
+    count = p.details.get("count", 0)
+    return f"counting down: {count} to go" if p.counting_down else "open"
+
+
 def ls_rows(p: Primitive) -> list[list[str]]:
     """Table rows of one primitive: one per holder (at least one)."""
-    waiting = str(len(p.waiters)) + ("+" if p.untracked_waiters else "")
+    waiting = p.waiting
     if p.kind == "latch":
-        return [
-            [p.name, p.kind, f"count {p.details.get('count', 0)}", "-", _secs(p.ttl_ms), "-", "-"]
-        ]
+        return [[p.name, p.kind, f"({latch_text(p)})", "-", _secs(p.ttl_ms), "-", waiting]]
     holders = p.holders or ()
     if not holders:
         return [[p.name, p.kind, "-", "-", "-", _tok(p.last_token), waiting]]
@@ -495,6 +505,28 @@ def _tok(token: int | None) -> str:
 
 
 LS_HEADER = ["NAME", "KIND", "HOLDER", "HOLDS", "TTL", "TOKEN", "WAITING"]
+
+#: What a ``+`` in WAITING (``untracked_waiters``) means.
+UNTRACKED_TEXT = (
+    "a task that does not register (list or poll notify mode, a spin or multi lock) "
+    "found the lock held and waits for it; how many is not recorded, and one that gave "
+    "up is still counted until its next try would have been due (the hold's TTL then "
+    "plus its Client's lease)"
+)
+
+
+def waiting_legend(listed: Sequence[Primitive]) -> list[str]:
+    """What the WAITING column counts and, for the kinds in ``listed``, which
+    waiters Redis does not record (``ls`` and ``top`` print it under the table)."""
+    lines = ["WAITING: the waiters recorded in Redis. Not visible from Redis:"]
+    kinds = dict.fromkeys(p.kind for p in listed if p.kind in NOT_SHOWN and p.waiting != "?")
+    lines.extend(f"  {kind}: {NOT_SHOWN[kind]}" for kind in kinds)
+    unrecorded = dict.fromkeys(p.kind for p in listed if p.waiting == "?")
+    for kind in unrecorded:
+        lines.append(f"  ? ({kind}): {NOT_SHOWN[kind]}")
+    if any(p.untracked_waiters for p in listed):
+        lines.append(f"  +: {UNTRACKED_TEXT}")
+    return lines if len(lines) > 1 else []
 
 
 def _table(rows: list[list[str]], out: TextIO) -> None:
@@ -535,10 +567,10 @@ def _explain_primitive(p: Primitive) -> list[str]:
     if p.kind == "foreign":
         return [f"holds a {p.details.get('type')} aiolock did not write; aiolock refuses to use it"]
     if p.kind == "latch":
-        count = p.details.get("count", 0)
-        state = f"counting down: {count} to go" if count else "open (count 0)"
         return [
-            f"{state}; opened {p.details.get('generation', 0)} time(s); kept {_secs(p.ttl_ms)} more"
+            f"{latch_text(p)}; opened {p.details.get('generation', 0)} time(s); kept "
+            f"{_secs(p.ttl_ms)} more",
+            f"waiting: {NOT_SHOWN['latch']}",
         ]
     if p.kind == "semaphore":
         out.append(f"{p.details.get('in_use', 0)} of {p.details.get('permits', 0)} permits in use")
@@ -555,14 +587,19 @@ def _explain_primitive(p: Primitive) -> list[str]:
             f"{_secs(h.ttl_ms)} left{token}"
         )
     if not p.holders and p.kind != "semaphore":
-        out.append("not held")
+        out.append("free: nobody holds it")
     if p.kind == "redlock" and p.last_token is not None:
         out.append(f"highest fencing token accepted on this server: {p.last_token}")
     if p.kind == "semaphore" and p.holders:
         out.append("(a semaphore keeps no fencing token per holder)")
-    if p.waiters:
+    if p.kind == "redlock":
+        out.append(f"waiting: {NOT_SHOWN['redlock']}")
+    elif p.waiters:
         clients = len({w.client_id for w in p.waiters})
-        out.append(f"{len(p.waiters)} waiting ({clients} Client{'s' if clients != 1 else ''}):")
+        out.append(
+            f"waiting: {len(p.waiters)} recorded in Redis ({clients} "
+            f"Client{'s' if clients != 1 else ''}):"
+        )
         for i, w in enumerate(p.waiters, 1):
             what = {
                 "task": f"{_who(w.client_id, w.task)} (its Client's other tasks queue behind it)",
@@ -573,11 +610,12 @@ def _explain_primitive(p: Primitive) -> list[str]:
                 "(it has waited longest)",
             }[w.role]
             out.append(f"  {what}; entry lapses in {_secs(w.ttl_ms)} unless renewed")
+    else:
+        out.append("waiting: none recorded in Redis")
     if p.untracked_waiters:
-        out.append(
-            "other tasks wait without a waiting-set entry (list or poll mode, spin or "
-            "multi locks): the release wakes them"
-        )
+        out.append(f"and possibly more: {UNTRACKED_TEXT}; the release wakes them")
+    if p.not_shown and p.kind != "redlock":
+        out.append(f"not visible from Redis: {p.not_shown}")
     return out
 
 
@@ -601,7 +639,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _listed(states: list[NameState], everything: bool) -> list[Primitive]:
-    return [p for s in states for p in s.primitives if everything or p.held or p.contended]
+    return [p for s in states for p in s.primitives if everything or p.active]
 
 
 def _ls(args: argparse.Namespace, target: Target) -> int:
@@ -624,6 +662,8 @@ def _ls(args: argparse.Namespace, target: Target) -> int:
         print(f"no held or contended locks match {args.pattern!r} under prefix {target.prefix!r}")
         return 0
     _table([row for p in listed for row in ls_rows(p)], sys.stdout)
+    for line in waiting_legend(listed):
+        print(line)
     return 0
 
 
@@ -653,6 +693,13 @@ def _force_release(args: argparse.Namespace, target: Target) -> int:
     held = [p for p in state.primitives if p.held]
     kinds = [p for p in held if p.kind in _RELEASABLE]
     others = [p for p in held if p.kind not in _RELEASABLE]
+    latches = [p for p in state.primitives if p.counting_down]
+    for p in latches:
+        print(
+            f"aiolock: latch {name!r} is {latch_text(p)}; a latch has no holder to "
+            "force-release (count_down() opens it)",
+            file=sys.stderr,
+        )
     for p in others:
         print(
             f"aiolock: {_KIND_WORDS[p.kind]} {name!r} is held by {holder_text(p)}, but cannot "
@@ -661,7 +708,7 @@ def _force_release(args: argparse.Namespace, target: Target) -> int:
             file=sys.stderr,
         )
     if not kinds:
-        if not others:
+        if not others and not latches:
             print(f"no lock named {name!r} is held (prefix {target.prefix!r}); nothing done")
         return 1
     p = kinds[0]
@@ -710,15 +757,28 @@ def _force_release(args: argparse.Namespace, target: Target) -> int:
         in_use = int(p.details.get("in_use") or 0)
         print(
             f"force-released semaphore {name!r}: {in_use} permit{'s' if in_use != 1 else ''} "
-            f"held by {holder_text(p)} returned; their watchdogs will report LockLostError "
-            "(N and fencing counter kept, waiters woken)"
+            f"held by {holder_text(p)} returned (N and fencing counter kept, waiters woken)"
         )
-        return 0
-    print(
-        f"force-released {what}; the holder's watchdog will report LockLostError "
-        "(fencing counter kept, waiters woken)"
-    )
+    else:
+        print(f"force-released {what} (fencing counter kept, waiters woken)")
+    print(_told(p))
     return 0
+
+
+def _told(p: Primitive) -> str:
+    """What a force release did to the holders, and how long one may still run."""
+    ttls = [h.ttl_ms for h in p.holders if h.ttl_ms is not None and h.ttl_ms >= 0]
+    if not ttls and p.ttl_ms is not None and p.ttl_ms >= 0:
+        ttls = [p.ttl_ms]
+    left = f"{max(ttls) / 1000:.1f} s" if ttls else "its lease"
+    return (
+        "The holder's Client was told on its eviction channel: if connected (pub/sub mode) "
+        "it marks the lease lost now, its `async with` body is cancelled and raises "
+        "LockLostError. A Client that did not hear it (list or poll mode, or not subscribed "
+        "yet) finds the hold gone at its watchdog's next check, within lease/3 of its Client "
+        f"lease (10 s by default). A holder cut off from Redis may run on until its own lease "
+        f"ends: at most {left} from when it was looked up (the hold's remaining TTL)."
+    )
 
 
 def _top(args: argparse.Namespace, target: Target) -> int:

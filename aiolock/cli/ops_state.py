@@ -23,6 +23,7 @@ from typing import Any
 
 __all__ = [
     "KEY_SUFFIXES",
+    "NOT_SHOWN",
     "Holder",
     "KeyInfo",
     "NameState",
@@ -201,9 +202,15 @@ class Primitive:
     ``latch``, ``redlock`` (this server's part), or ``foreign`` (the main key
     holds a value aiolock did not write).
 
-    ``held``: somebody holds it (a latch: it is counting down);
-    ``untracked_waiters``: tasks wait that Redis does not list (a lock's
-    ``~n`` flag: list or poll mode, spin locks, multi locks);
+    ``held``: somebody holds it (never a latch: nobody holds a latch, it
+    is counting down or open; see ``state``, one word for all outputs);
+    ``waiters``: the waiters Redis records, which are not all that wait
+    (``not_shown`` says which are missing for the kind);
+    ``untracked_waiters``: a lock's ``~n`` flag: during the current hold a
+    task that does not register (list or poll notify mode, a spin lock, a
+    multi lock) found it busy and was going to wait, and its next try is not
+    overdue (``~nx``; a flag carried to a new hold has none and counts until
+    that hold ends). A try that will not wait sets no flag;
     ``last_token``: the fencing counter (the last token issued, or for a
     Redlock the highest accepted here; None if it expired: tokens still
     increase, floored by the server clock); ``last_released``: the last
@@ -225,13 +232,60 @@ class Primitive:
 
     @property
     def held(self) -> bool:
-        if self.kind == "latch":
-            return int(self.details.get("count", 0)) > 0
         return bool(self.holders)
 
     @property
+    def counting_down(self) -> bool:
+        """A latch whose count is above zero."""
+        return self.kind == "latch" and int(self.details.get("count", 0)) > 0
+
+    @property
+    def state(self) -> str:
+        """One word for every output: ``held`` or ``free``; a latch ``counting
+        down`` or ``open``; ``foreign`` (a value aiolock did not write)."""
+        if self.kind == "latch":
+            return "counting down" if self.counting_down else "open"
+        if self.kind == "foreign":
+            return "foreign"
+        return "held" if self.held else "free"
+
+    @property
     def contended(self) -> bool:
+        """Redis records a waiter (or the lock's ``~n`` flag)."""
         return bool(self.waiters) or self.untracked_waiters
+
+    @property
+    def active(self) -> bool:
+        """Shown by ``ls`` and ``top``: held, contended or counting down."""
+        return self.held or self.contended or self.counting_down
+
+    @property
+    def not_shown(self) -> str:
+        """Which waiters of this kind Redis does not record ("" if it records all)."""
+        return NOT_SHOWN.get(self.kind, "")
+
+    @property
+    def waiting(self) -> str:
+        """The WAITING column: the waiters Redis records, ``+`` for the lock's
+        ``~n`` flag, ``?`` for a kind whose waiters Redis never records."""
+        if self.kind in ("latch", "redlock"):
+            return "?"
+        return str(len(self.waiters)) + ("+" if self.untracked_waiters else "")
+
+
+#: By kind: the waiters that Redis does not record, so that no command reading
+#: Redis (``ls``, ``inspect``, ``top``, ``force-release``) can show them.
+NOT_SHOWN: dict[str, str] = {
+    "lock": "a waiting Client registers one task (in pub/sub notify mode); its other "
+    "waiting tasks, and tasks queued inside the holder's own Client, are not in Redis",
+    "rw_lock": "a waiting writer registers only while readers hold the lock, one per "
+    "Client (its other writers queue inside it); parked readers are recorded per "
+    "Client, not per task",
+    "semaphore": "only the waiter that has waited longest (its claim) is recorded; "
+    "the other waiters are not in Redis",
+    "latch": "tasks in wait() are not recorded in Redis",
+    "redlock": "its waiters are not recorded in Redis",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,10 +406,19 @@ def _lock(raw: RawName, main: RawKey, fields: dict[str, str]) -> Primitive:
         ttl,
         tuple(holders),
         tuple(waiters),
-        untracked_waiters="~n" in fields,
+        untracked_waiters=_untracked(fields, raw.now_ms),
         last_token=last,
         last_released=released,
     )
+
+
+def _untracked(fields: dict[str, str], now_ms: int) -> bool:
+    """The lock's "~n" flag, while its "~nx" says such a waiter's next try is due
+    (no "~nx": a flag carried over to a new hold: shown until that hold ends)."""
+    if "~n" not in fields:
+        return False
+    known = _int(fields.get("~nx"))
+    return known is None or known > now_ms
 
 
 def _fair_lock(raw: RawName, main: RawKey, fields: dict[str, str]) -> Primitive:

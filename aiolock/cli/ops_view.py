@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Protocol, TextIO
 
-from aiolock.cli.ops import LS_HEADER, Target, ls_rows, shown_url
+from aiolock.cli.ops import LS_HEADER, Target, ls_rows, shown_url, waiting_legend
 from aiolock.cli.ops_state import Primitive
 
 if TYPE_CHECKING:
@@ -26,17 +26,25 @@ class View(Protocol):
 
 
 def _summary(listed: list[Primitive]) -> str:
+    """Counts in the words ``ls``, ``inspect`` and ``force-release`` use (a latch is
+    never "held": it is counting down)."""
     held = sum(1 for p in listed if p.held)
     contended = sum(1 for p in listed if p.contended)
-    return f"{held} held, {contended} contended"
+    latches = sum(1 for p in listed if p.counting_down)
+    text = f"{held} held, {contended} contended"
+    if latches:
+        text += f", {latches} latch{'es' if latches != 1 else ''} counting down"
+    return text
 
 
 class PlainView:
-    """One header line per refresh, then a line per holder (tab-separated ``ls`` columns)."""
+    """One header line per refresh, then a line per holder (tab-separated ``ls``
+    columns); what WAITING cannot show is explained once per kind seen."""
 
     def __init__(self, target: Target, out: TextIO) -> None:
         self.target = target
         self.out = out
+        self.explained: set[str] = set()
 
     def update(self, listed: list[Primitive]) -> None:
         stamp = time.strftime("%H:%M:%S")
@@ -47,6 +55,11 @@ class PlainView:
         for p in listed:
             for row in ls_rows(p):
                 print("\t".join(row), file=self.out)
+        legend = waiting_legend(listed)
+        if legend and not set(legend) <= self.explained:
+            self.explained.update(legend)
+            for line in legend:
+                print(line, file=self.out)
         self.out.flush()
 
     def close(self) -> None:
@@ -71,7 +84,13 @@ class RichView:
             f"aiolock top · {shown_url(self.target.url)} · prefix {self.target.prefix} · "
             f"{time.strftime('%H:%M:%S')} · {_summary(listed)}"
         )
-        table = Table(title=title, title_justify="left")
+        legend = waiting_legend(listed)
+        table = Table(
+            title=title,
+            title_justify="left",
+            caption="\n".join(legend) or None,
+            caption_justify="left",
+        )
         for column in LS_HEADER:
             table.add_column(column, overflow="fold", no_wrap=column == "KIND")
         for p in listed:

@@ -30,12 +30,16 @@
 -- known inside the script, so it cannot be passed in KEYS. It carries the same
 -- hash tag as KEYS[1], hence lives in the same cluster slot.
 -- Its type cannot be checked before the first write: a value of another type
--- there is skipped (that Client is not told), never failed on.
+-- there is skipped (that Client is not told), never failed on. The Client
+-- itself declares it and has its type checked when it queues (KEYS[4] of
+-- fair_acquire.lua): a value of another type there refuses its acquire
+-- before it waits, so only a value written while it waits is skipped (its
+-- waiter retries on its own within a second, see notify.py).
 --
 -- Messages (payloads): "<wid>" = the lock was handed to wid; confirm it now.
--- "<wid> <ms>" = a hold was handed to a waiter of another Client just ahead of
--- wid: if that waiter died, the hold expires unconfirmed within <ms>; check
--- back then (a local timer, no command now).
+-- "<wid> <ms>" = a hold was taken by (or handed to) a waiter just ahead of
+-- wid: it can expire within <ms> (it was never confirmed, or it ends without a
+-- release); check back then (a local timer, no command now).
 --@include _fence.lua
 
 --@include _clock.lua
@@ -102,17 +106,14 @@ local function fair_signal(mode, ch_prefix, sig_prefix, cid, payload, keep_ms)
     end
 end
 
--- Give the free lock to the live entry wid: a new token, a TTL of
--- min(lease, grace), a message to its Client only; and a nudge to the first
--- live entry of another Client among the next few (see the header).
-local function fair_hand(lock, fence, q, wid, retention_ms, ch_prefix, sig_prefix)
-    local cid, lease, grace, mode = fair_parse(wid)
-    redis.call('ZREM', q, wid)
-    local token = next_token(fence, retention_ms)
-    redis.call('HSET', lock, wid, 1, '~fence', string.format('%d', token))
-    local ttl = math.min(lease, grace)
-    redis.call('PEXPIRE', lock, ttl)
-    fair_signal(mode, ch_prefix, sig_prefix, cid, wid, ttl)
+-- A new hold lasting ttl ms was taken by an entry of Client cid (now out of
+-- the queue): nudge the first live entry of another Client among the next
+-- few ("<wid> <ttl>": check back when the hold can expire, see the header),
+-- so that a hold that ends without a release (expired, or never confirmed)
+-- is taken up at once, not after the TTL of an older hold that entry saw when
+-- it queued. (Client cid's own entries are woken by their Client when its
+-- hold ends without a release: _FairState.hold_ended.)
+local function fair_nudge(q, cid, ttl, ch_prefix, sig_prefix)
     local after = redis.call('ZRANGEBYSCORE', q, 1, '+inf', 'LIMIT', 0, 8)
     for _, other in ipairs(after) do
         local ocid, _, _, omode = fair_parse(other)
@@ -122,6 +123,20 @@ local function fair_hand(lock, fence, q, wid, retention_ms, ch_prefix, sig_prefi
             break
         end
     end
+end
+
+-- Give the free lock to the live entry wid: a new token, a TTL of
+-- min(lease, grace), a message to its Client only; and a nudge to the first
+-- live entry of another Client among the next few (fair_nudge).
+local function fair_hand(lock, fence, q, wid, retention_ms, ch_prefix, sig_prefix)
+    local cid, lease, grace, mode = fair_parse(wid)
+    redis.call('ZREM', q, wid)
+    local token = next_token(fence, retention_ms)
+    redis.call('HSET', lock, wid, 1, '~fence', string.format('%d', token))
+    local ttl = math.min(lease, grace)
+    redis.call('PEXPIRE', lock, ttl)
+    fair_signal(mode, ch_prefix, sig_prefix, cid, wid, ttl)
+    fair_nudge(q, cid, ttl, ch_prefix, sig_prefix)
     fair_tidy(q)
     return token
 end

@@ -20,7 +20,7 @@
 -- registered wait too: the freed hash had "~n"), wake one of those: "1" on
 -- the channel and the signal list.
 local function free_wake(keys, retention_ms, untargeted, channel, wait_prefix)
-    if not wake_next(keys[1], keys[2], keys[4], retention_ms, untargeted, wait_prefix)
+    if not wake_next(keys[1], keys[2], keys[4], retention_ms, untargeted, wait_prefix, channel)
         and untargeted then
         notify(channel, keys[3], '1', 1)
     end

@@ -5,11 +5,12 @@
 -- renew_each(renew_one)   calls renew_one(i, KEYS[i]) for every key, in order,
 --   and returns one integer per key: 1 where it returned true (still there,
 --   renewed), 0 where it returned false (gone). renew_one must not fail on a
---   key of another type (it asks is_type, _types.lua): one stray key must not
---   stop the renewal of every other item of the batch.
+--   key of another type (it asks is_type or read_typed, _types.lua): one
+--   stray key must not stop the renewal of every other item of the batch.
 -- renew_field(key, field, token, lease_ms)   whether the lock hash `key`
 --   still has the holder `field` with fencing token `token`; if so its TTL
---   is made at least lease_ms (never shortened).
+--   is made at least lease_ms (never shortened; lease_ms 0: only checked,
+--   as the watchdog checks a fixed lease).
 local function renew_each(renew_one)
     local result = {}
     for i, key in ipairs(KEYS) do
@@ -19,9 +20,9 @@ local function renew_each(renew_one)
 end
 
 local function renew_field(key, field, token, lease_ms)
-    if is_type(key, 'hash') and redis.call('HEXISTS', key, field) == 1
+    if read_typed('HEXISTS', key, field) == 1 -- nil on a key of another type
         and redis.call('HGET', key, '~fence') == token then
-        if redis.call('PTTL', key) < lease_ms then
+        if lease_ms > 0 and redis.call('PTTL', key) < lease_ms then
             redis.call('PEXPIRE', key, lease_ms)
         end
         return true

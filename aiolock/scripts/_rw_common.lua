@@ -41,6 +41,14 @@ end
 
 --@include _clock.lua
 
+-- A new hold lasting `ms` may expire before the bound some waiter sleeps on
+-- (fence_cut, see _fence.lua): every parked reader and writer tries again.
+local function rw_bound(channel, wchannel, ms)
+    local message = string.format('b %d', ms)
+    redis.call('PUBLISH', channel, message)
+    redis.call('PUBLISH', wchannel, message)
+end
+
 -- Is `key` free, or a read-write lock's hash?
 local function rw_kind_ok(key)
     return redis.call('EXISTS', key) == 0 or redis.call('HEXISTS', key, 'mode') == 1

@@ -3,11 +3,15 @@
 -- write, so a refused script changes nothing (Redis does not roll back the
 -- writes a script made before an error).
 --
--- check_types(keys, t1, t2, ...)   keys[i] must be missing or of type ti
+-- check_types(keys, t1, t2, ...)   keys[i] must be missing or of type ti (a type
+--                                  past the last key is ignored: optional keys)
 -- check_all(keys, t)               every key must be missing or of type t
 --   t: 'hash', 'zset', 'list' (as TYPE answers). One TYPE per key.
 --   Raises "WRONGTYPE aiolock: key <key> holds a <type>, not the <t> ...":
 --   the prefix makes clients see it as Redis' own WRONGTYPE error.
+-- Every key a script may write, on any path, is checked before its first
+-- write; an acquire script also checks the keys its primitive's release and
+-- wake-ups will write, so a cycle is refused at its start, never half done.
 local function wrong_type(key, found, want)
     error({err = string.format(
         'WRONGTYPE aiolock: key %s holds a %s, not the %s aiolock keeps there '
@@ -16,7 +20,7 @@ local function wrong_type(key, found, want)
 end
 
 local function check_types(keys, ...)
-    for i = 1, select('#', ...) do
+    for i = 1, math.min(select('#', ...), #keys) do
         local found = redis.call('TYPE', keys[i])['ok']
         local want = select(i, ...)
         if found ~= want and found ~= 'none' then
@@ -31,6 +35,46 @@ local function check_all(keys, want)
         if found ~= want and found ~= 'none' then
             wrong_type(keys[i], found, want)
         end
+    end
+end
+
+-- typed(want, command, key, ...) -> reply
+--   redis.call(command, key, ...) where the key must be missing or of type
+--   `want`, for a command that reads (or is the first write of the script)
+--   and fails with WRONGTYPE on a key of another type, before any write:
+--   then it raises the error above, naming the key. A check that costs no
+--   command on the hot path (TYPE runs only to word the error).
+local function typed(want, command, key, ...)
+    local reply = redis.pcall(command, key, ...)
+    if type(reply) == 'table' and reply.err then
+        if string.sub(reply.err, 1, 9) == 'WRONGTYPE' then
+            wrong_type(key, redis.call('TYPE', key)['ok'], want)
+        end
+        error(reply)
+    end
+    return reply
+end
+
+-- read_typed(command, key, ...) -> reply, or nil if the key holds a value of
+--   another type (WRONGTYPE); any other error is raised. For the scripts
+--   that must not fail (below), without a TYPE per key.
+local function read_typed(command, key, ...)
+    local reply = redis.pcall(command, key, ...)
+    if type(reply) == 'table' and reply.err then
+        if string.sub(reply.err, 1, 9) == 'WRONGTYPE' then
+            return nil
+        end
+        error(reply)
+    end
+    return reply
+end
+
+-- check_some(keys, t1, t2, ...)   check_types, at the cost of one EXISTS when
+--   none of the keys exists (keys written only when someone waits: waiting
+--   sets, wake-up lists, release records).
+local function check_some(keys, ...)
+    if redis.call('EXISTS', unpack(keys)) > 0 then
+        check_types(keys, ...)
     end
 end
 

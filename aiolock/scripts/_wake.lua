@@ -56,12 +56,31 @@ local function wake_granted(lock, member)
         and redis.call('HGET', lock, '~a') == attempt
 end
 
+-- A new hold lasting `ttl_ms` was taken and some waiter may sleep past its
+-- expiry (fence_cut, see _fence.lua): tell every waiting Client "b <ttl_ms>"
+-- (its task tries again at once and learns the new TTL, so no free lock sits
+-- idle for an old holder's TTL): on its own channel for each registered
+-- entry, and on the lock's channel `channel` for the untargeted waiters.
+-- List-mode and poll-mode waiters are not told: they re-check at least every
+-- second (ListWaiter.PARK_MAX, Backoff.maximum).
+local function wake_bounds(wq, wait_prefix, channel, ttl_ms)
+    local message = string.format('b %d', ttl_ms)
+    for _, member in ipairs(redis.call('ZRANGE', wq, 0, -1)) do
+        local owner = wake_parse(member)
+        if owner then
+            redis.call('PUBLISH', wait_prefix .. string.match(owner, '^%x+'), message)
+        end
+    end
+    redis.call('PUBLISH', channel, message)
+end
+
 -- The lock `lock` is free: grant it to (or wake) the next registered task.
 -- `untargeted`: tasks that are not in the waiting set wait too (the freed
 -- hash had "~n", see acquire.lua); a granted hash carries the flag on, so
 -- its release wakes them. `wait_prefix`: the template of a Client's channel.
--- Returns true if the lock was granted.
-local function wake_next(lock, fence, wq, retention_ms, untargeted, wait_prefix)
+-- `channel`: the lock's channel (see wake_bounds). Returns true if the lock
+-- was granted.
+local function wake_next(lock, fence, wq, retention_ms, untargeted, wait_prefix, channel)
     if redis.call('EXISTS', wq) == 0 then
         return false
     end
@@ -74,15 +93,15 @@ local function wake_next(lock, fence, wq, retention_ms, untargeted, wait_prefix)
         redis.call('ZREM', wq, member)
         local owner, attempt, grant_ms = wake_parse(member)
         if owner then
-            local channel = wait_prefix .. string.match(owner, '^%x+')
+            local own = wait_prefix .. string.match(owner, '^%x+')
             if grant_ms == '0' then
-                if redis.call('PUBLISH', channel, '1') > 0 then
+                if redis.call('PUBLISH', own, '1') > 0 then
                     return false
                 end
             else
                 local token = next_token(fence, retention_ms, GRANT_RESERVE)
                 local message = string.format('g %d %d %s', token, GRANT_RESERVE, member)
-                if redis.call('PUBLISH', channel, message) > 0 then
+                if redis.call('PUBLISH', own, message) > 0 then
                     redis.call('HSET', lock, owner, 1, '~fence', string.format('%d', token), '~a', attempt)
                     if untargeted then
                         redis.call('HSET', lock, '~n', 1, '~w', 1)
@@ -90,6 +109,9 @@ local function wake_next(lock, fence, wq, retention_ms, untargeted, wait_prefix)
                         redis.call('HSET', lock, '~w', 1)
                     end
                     redis.call('PEXPIRE', lock, grant_ms)
+                    if fence_cut(fence, grant_ms) then
+                        wake_bounds(wq, wait_prefix, channel, grant_ms)
+                    end
                     return true
                 end
             end

@@ -3,6 +3,10 @@
 -- KEYS[1]  lock hash    <prefix>:{<name>}
 -- KEYS[2]  fence hash   <prefix>:{<name>}:fence
 -- KEYS[3]  queue zset   <prefix>:{<name>}:q      (layout: _fair_queue.lua)
+-- KEYS[4]  (list mode only) this Client's signal list <prefix>:{<name>}:sig:<cid>:
+--          not written here, only its type checked (a release that hands the
+--          lock to this call writes it): a wait that could not be told is
+--          refused at its start, as is the whole cycle of this call
 -- ARGV[1]  wid          waiter id of this acquire call (see _fair_queue.lua)
 -- ARGV[2]  lease_ms     TTL of the hold
 -- ARGV[3]  live_ms      the Client's lease: how long its queue entries live unrenewed
@@ -15,6 +19,8 @@
 -- Returns {1, token} when wid holds the lock after the call: granted now (the
 --   lock was free and wid first in line, or the queue empty), or handed to wid
 --   earlier by a release (then its TTL is reset to lease_ms: the confirmation).
+--   A hold taken from the head of the queue nudges the entries next in line
+--   (fair_nudge in _fair_queue.lua).
 -- Returns {0, pttl} when it must wait: pttl is the remaining TTL of the hold
 --   in the way, in ms (the caller's bound on its wait). With join = "1" wid is
 --   then in the queue (at the tail if it was not yet) and its Client's entries
@@ -22,7 +28,7 @@
 --   handed to that waiter here.
 --@include _fair_queue.lua
 --@include _types.lua
-check_types(KEYS, 'hash', 'hash', 'zset')
+check_types(KEYS, 'hash', 'hash', 'zset', 'list')
 local lock, fence, q = KEYS[1], KEYS[2], KEYS[3]
 local wid = ARGV[1]
 if redis.call('HEXISTS', lock, wid) == 1 then
@@ -39,13 +45,15 @@ if redis.call('EXISTS', lock) == 0 then
         end
     end
     if head == nil or head == wid then
-        if head then
-            redis.call('ZREM', q, wid)
-            fair_tidy(q)
-        end
         local token = next_token(fence, ARGV[4])
         redis.call('HSET', lock, wid, 1, '~fence', string.format('%d', token))
         redis.call('PEXPIRE', lock, ARGV[2])
+        if head then
+            redis.call('ZREM', q, wid)
+            -- the next in line check back when this hold can expire
+            fair_nudge(q, fair_parse(wid), tonumber(ARGV[2]), ARGV[6], ARGV[7])
+            fair_tidy(q)
+        end
         return {1, token}
     end
     fair_hand(lock, fence, q, head, ARGV[4], ARGV[6], ARGV[7])

@@ -7,12 +7,19 @@
 -- ARGV[1]  retention_ms TTL of the fence hash
 -- ARGV[2]  channel prefix  <prefix>:{<name>}:ch:   (template: + cid is a Client's channel)
 -- ARGV[3]  signal prefix   <prefix>:{<name>}:sig:  (undeclared list key, same slot)
+-- ARGV[4]  lost_prefix     template of a Client's eviction channel (+ client id: _evict.lua)
 --
 -- Returns 1 if a hold was deleted, 0 if the lock was free. The evicted hold is
--- not recorded as released, so its owner's release reports "not owned".
+-- not recorded as released, so its owner's release reports "not owned"; its
+-- Client is told on its eviction channel ("x <bound> * <lock key>", _evict.lua).
 --@include _fair_queue.lua
 --@include _types.lua
+--@include _evict.lua
 check_types(KEYS, 'hash', 'hash', 'zset')
+local evicted = evict_hash_cids(KEYS[1])
 local deleted = redis.call('DEL', KEYS[1])
+if deleted == 1 then
+    evict_tell(ARGV[4], evicted, evict_bound(KEYS[2]), '*', KEYS[1])
+end
 fair_settle(KEYS[1], KEYS[2], KEYS[3], clock_ms(), ARGV[1], ARGV[2], ARGV[3])
 return deleted

@@ -2,6 +2,7 @@
 --
 -- KEYS[i]      lock hash of the i-th hold   <prefix>:{<name>}
 -- ARGV[1]      lease_ms  each hold still ours is made to last at least this long
+--              (0: only check, extend nothing: the watchdog checking a fixed lease)
 -- ARGV[2i]     wid of the i-th hold
 -- ARGV[2i+1]   fencing token of the i-th hold
 --

@@ -2,6 +2,7 @@
 --
 -- KEYS[i]    lock key of the i-th hold   <prefix>:{<name>}:rl
 -- ARGV[1]    lease_ms  each hold still ours is made to last at least this long
+--            (0: only check, extend nothing: the watchdog checking a fixed lease)
 -- ARGV[i+1]  value of the i-th hold ("<owner>|<attempt id>")
 --
 -- Returns one integer per key: 1 if the key still holds that value (its TTL
@@ -11,7 +12,7 @@ local lease_ms = tonumber(ARGV[1])
 local result = {}
 for i, key in ipairs(KEYS) do
     if is_type(key, 'string') and redis.call('GET', key) == ARGV[i + 1] then
-        if redis.call('PTTL', key) < lease_ms then
+        if lease_ms > 0 and redis.call('PTTL', key) < lease_ms then
             redis.call('PEXPIRE', key, lease_ms)
         end
         result[i] = 1

@@ -26,23 +26,27 @@
 --   owner and token (a retry after a lost reply): nothing changes.
 -- Returns 0 if the owner does not hold the lock (expired, force-released, or
 --   taken by another owner since): nothing changes.
+-- Refused (WRONGTYPE, nothing changed) if a key it would write holds a value
+-- of another type. Checked without a TYPE per key: the hash and the fence
+-- hash by typed reads that precede every write; the signal list and the
+-- waiting set by one EXISTS while neither exists.
 --@include _free.lua
 --@include _types.lua
-check_types(KEYS, 'hash', 'hash', 'list', 'zset')
 -- One read of the hash: the owner's entry, the hold's token, the flag, the attempt.
-local hold = redis.call('HMGET', KEYS[1], ARGV[1], '~fence', '~n', '~a')
+local hold = typed('hash', 'HMGET', KEYS[1], ARGV[1], '~fence', '~n', '~a')
 local token = ARGV[2]
 local holder = hold[1] ~= false
     and (hold[2] == token or (token == '' and (hold[4] or '') == ARGV[6]))
 if holder then
     token = hold[2]
-    if tonumber(redis.call('HGET', KEYS[2], 't') or '0') < tonumber(token) then
+    check_some({KEYS[3], KEYS[4]}, 'list', 'zset')
+    if tonumber(typed('hash', 'HGET', KEYS[2], 't') or '0') < tonumber(token) then
         redis.call('HSET', KEYS[2], 't', token)
     end
     free_lock(KEYS, token, ARGV[5], hold[3] ~= false, ARGV[3], ARGV[4])
     return 1
 end
-if token ~= '' and redis.call('HGET', KEYS[2], 'r') == token then
+if token ~= '' and typed('hash', 'HGET', KEYS[2], 'r') == token then
     return 2
 end
 return 0

@@ -3,6 +3,10 @@
 -- KEYS[1]  lock hash        <prefix>:{<name>}        (layout: _rw_common.lua)
 -- KEYS[2]  fence hash       <prefix>:{<name>}:fence  t -> last token issued
 -- KEYS[3]  waiting writers  <prefix>:{<name>}:wq     zset "<owner>#<nonce>" -> expiry ms
+-- KEYS[4..7]  parked readers :rq, released tokens :rel, readers' signal
+--          :signal, writers' signal :wsignal: not written here, only their
+--          types checked (the release and the wake-ups write them): a cycle
+--          is refused at its acquire
 -- ARGV[1]  owner            "<client id>:<task serial>"
 -- ARGV[2]  lease_ms         how long the write hold lasts unless renewed
 -- ARGV[3]  retention_ms     TTL of the fence hash
@@ -10,6 +14,12 @@
 --                           unless renewed (the watchdog renews it, rw_renew_wait);
 --                           0: do not register (the caller will not wait)
 -- ARGV[5]  nonce            of this acquire call (its retries send the same)
+-- ARGV[6]  channel          readers' channel <prefix>:{<name>}:ch
+-- ARGV[7]  wchannel         writers' channel <prefix>:{<name>}:wch
+--
+-- Wait bounds (see _fence.lua): a refusal records its wait_ms as a bound
+-- waiters may sleep on; a new hold whose lease ends before such a bound
+-- publishes "b <lease_ms>" on both channels (every parked waiter tries again).
 --
 -- The caller holds no read lock of this name (an upgrade is refused before
 -- any round trip) and no write lock (re-entries never get here), so a hold of
@@ -29,6 +39,7 @@
 --@include _rw_common.lua
 --@include _types.lua
 check_types(KEYS, 'hash', 'hash', 'zset')
+check_some({KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, 'zset', 'list', 'list', 'list')
 local key, owner, nonce = KEYS[1], ARGV[1], ARGV[5]
 if not rw_kind_ok(key) then
     return redis.error_reply(RW_WRONG_KIND)
@@ -52,6 +63,7 @@ if writer then
     if wait < 1 then
         wait = 1
     end
+    fence_waited(KEYS[2], wait, ARGV[3])
     return {0, wait}
 end
 rw_drop_reader(key, owner)
@@ -70,6 +82,7 @@ if rw_readers(key) > 0 then
     if wait < 1 then
         wait = 1
     end
+    fence_waited(KEYS[2], wait, ARGV[3])
     return {code, wait}
 end
 local token = next_token(KEYS[2], ARGV[3])
@@ -77,4 +90,7 @@ redis.call('HSET', key, 'w', owner, 'wt', rw_fmt(token), 'wx', rw_fmt(now + leas
 rw_settle(key)
 rw_keep(key, lease)
 redis.call('ZREM', KEYS[3], member)
+if fence_cut(KEYS[2], lease) then
+    rw_bound(ARGV[6], ARGV[7], lease)
+end
 return {1, token}

@@ -2,6 +2,7 @@
 --
 -- KEYS[i]      lock hash of the i-th hold   <prefix>:{<name>}  (layout: _rw_common.lua)
 -- ARGV[1]      lease_ms: each hold still ours is made to last at least this long
+--              (0: only check, extend nothing: the watchdog checking a fixed lease)
 -- ARGV[3i-1]   kind of the i-th hold: "r" (read) or "w" (write)
 -- ARGV[3i]     owner of the i-th hold
 -- ARGV[3i+1]   fencing token of the i-th hold
@@ -28,7 +29,9 @@ return renew_each(function(i, key)
         ours = redis.call('HGET', key, 'r:' .. owner) == token
     end
     if ours and tonumber(redis.call('HGET', key, field) or '0') > now then
-        rw_extend(key, field, now, lease)
+        if lease > 0 then
+            rw_extend(key, field, now, lease)
+        end
         return true
     end
     return false

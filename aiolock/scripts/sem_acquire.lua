@@ -4,6 +4,9 @@
 -- KEYS[2]  holder zset   <prefix>:{<name>}:h
 -- KEYS[3]  fence hash    <prefix>:{<name>}:fence
 -- KEYS[4]  signal list   <prefix>:{<name>}:signal
+-- KEYS[5]  released zset <prefix>:{<name>}:r      not written here, only its type
+--                        checked (the release writes it): a cycle is refused at
+--                        its acquire
 -- ARGV[1]  member        "<permits>|<holder id>", unique per acquisition
 -- ARGV[2]  default_n     N to initialise the semaphore with if it has none
 -- ARGV[3]  lease_ms      the holder expires this long after the grant
@@ -13,6 +16,10 @@
 --                        claim: a try that will not wait)
 -- ARGV[7]  since_ms      when this acquisition first failed (server clock, ms, as
 --                        returned by an earlier try), or 0 on its first try
+--
+-- Wait bounds (see _fence.lua): a refusal records wait_ms as a bound waiters
+-- may sleep on; a grant whose lease ends before such a bound publishes
+-- "b <lease_ms>" on the channel (every parked waiter tries again).
 --
 -- Returns {1, token}: granted (a fresh fencing token). If the member already
 --   holds (a retry of an acquire whose reply was lost) it is granted again,
@@ -33,7 +40,7 @@
 --@include _fence.lua
 --@include _sem.lua
 --@include _types.lua
-check_types(KEYS, 'hash', 'zset', 'hash', 'list')
+check_types(KEYS, 'hash', 'zset', 'hash', 'list', 'zset')
 local main, holders = KEYS[1], KEYS[2]
 local member = ARGV[1]
 local lease_ms = tonumber(ARGV[3])
@@ -98,6 +105,13 @@ else
             result = {0, wait_ms, claimed, since}
         end
     end
+end
+if result[1] == 1 then
+    if fence_cut(KEYS[3], lease_ms) then
+        redis.call('PUBLISH', ARGV[5], string.format('b %d', lease_ms))
+    end
+elseif result[1] == 0 then
+    fence_waited(KEYS[3], result[2], ARGV[4])
 end
 sem_wake(main, ARGV[5], KEYS[4], n, used, freed, now)
 sem_touch(main, holders, now, ARGV[4], n, ARGV[2])

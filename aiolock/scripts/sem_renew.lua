@@ -2,6 +2,7 @@
 --
 -- KEYS[i]    holder zset of the i-th hold   <prefix>:{<name>}:h   (see _sem.lua)
 -- ARGV[1]    lease_ms  each hold still alive is made to last at least this long
+--            (0: only check, extend nothing: the watchdog checking a fixed lease)
 -- ARGV[i+1]  member of the i-th hold        "<permits>|<holder id>"
 --
 -- Returns one integer per key: 1 if the member still holds (its expiry is now
@@ -19,12 +20,12 @@ return renew_each(function(i, key)
     local score = is_type(key, 'zset') and tonumber(redis.call('ZSCORE', key, member))
     if score and score > now then
         local want = now + lease_ms
-        if score < want then
+        if lease_ms > 0 and score < want then
             redis.call('ZADD', key, 'XX', want, member)
             score = want
         end
         local pttl = redis.call('PTTL', key)
-        if pttl >= 0 and pttl < score - now + 1000 then
+        if lease_ms > 0 and pttl >= 0 and pttl < score - now + 1000 then
             redis.call('PEXPIRE', key, score - now + 1000)
         end
         return true
