@@ -486,6 +486,72 @@ def test_the_global_providers_are_used_even_when_set_after_the_client(url: str) 
     assert "spans aiolock.acquire request\n" in out, out
 
 
+UNLABELLED = """
+import asyncio, sys
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+import aiolock
+
+async def main():
+    url = sys.argv[1]
+    async with aiolock.Client.from_url(url) as client:  # no lock_label: the Observer counts
+        lock = client.lock("plain")
+        async with lock:  # before any SDK: counted, not timed
+            pass
+        assert not client._engine.observer.live
+        reader = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        exporter = InMemorySpanExporter()
+        tracers = TracerProvider()
+        tracers.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(tracers)
+
+        async with lock:  # uncontended: the SDK is seen at once
+            pass
+        lease = await lock.acquire()
+        async def request():
+            with trace.get_tracer("app").start_as_current_span("request"):
+                async with lock:  # handed on locally
+                    pass
+        task = asyncio.create_task(request())
+        while client.statistics().waiting == 0:
+            await asyncio.sleep(0.005)
+        await lease.release()
+        await task
+
+        for rm in reader.get_metrics_data().resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    for p in m.data.data_points:
+                        attrs = dict(p.attributes)
+                        value = getattr(p, "count", None)
+                        if value is None:
+                            value = p.value
+                        print(m.name, attrs.get("aiolock.lock.outcome", "-"), value)
+        print("spans", " ".join(s.name for s in exporter.get_finished_spans()))
+
+asyncio.run(main())
+"""
+
+
+@ONE_SERVER
+def test_counts_are_exact_and_times_recorded_when_an_sdk_comes_after_the_client(url: str) -> None:
+    """Without a lock_label the Observer keeps the counts itself and, while no
+    SDK or tracer provider is set, makes no telemetry call (issue 20 item 8);
+    one configured later is seen at the next uncontended acquisition."""
+    out = run_python(UNLABELLED, url)
+    assert "aiolock.lock.acquisitions acquired 4\n" in out, out  # the one before the SDK too
+    assert "aiolock.lock.wait.duration acquired 3\n" in out, out  # timed from the SDK on
+    assert "aiolock.lock.hold.duration - 3\n" in out, out
+    assert "aiolock.lock.holds - 0\n" in out, out
+    assert "aiolock.lock.waiters - 0\n" in out, out
+    assert "spans aiolock.acquire request\n" in out, out
+
+
 NO_OTEL = """
 import asyncio, sys
 

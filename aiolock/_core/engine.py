@@ -193,6 +193,7 @@ class Engine:
         # Engine's own: no call frame more on the acquire and release paths.
         holds = Holds(self)
         self.new_hold = holds.new_hold
+        self.pass_on = holds.pass_on
         self.track = holds.track
         self.release_hold = holds.release_hold
         self.release_failed = holds.release_failed

@@ -132,6 +132,11 @@ class Evictions:
             return lost_prefix(engine.prefix)
         return lost_prefix(engine.prefix, slot_tag(slot_of(key)))
 
+    @property
+    def recent(self) -> bool:
+        """Force releases told recently (their keys and tokens, see ``watch``)."""
+        return bool(self._recent)
+
     def watch(self, hold: Hold) -> None:
         """A new hold of this Client: make sure its eviction channel is subscribed
         (nothing to do but a check, after the first). Called by ``Holds.track``."""

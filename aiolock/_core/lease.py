@@ -64,7 +64,8 @@ class HoldEngine(Protocol):
 class Hold:
     """One ownership of one lock in Redis (shared by the Leases of its re-entries).
 
-    Made only by ``Engine.new_hold`` (``Holds.new_hold`` in holds.py), which
+    Made only by ``Engine.new_hold`` (``Holds.new_hold`` in holds.py), or
+    passed on locally by ``Engine.pass_on`` (``Holds.pass_on``), which
     wires it (``on_detach``, ``on_release``) and starts keeping it alive; its
     engine is anything that satisfies ``HoldEngine``.
     """
@@ -154,6 +155,41 @@ class Hold:
         # Starts the release in Redis (default: Engine.release_hold); the
         # future resolves with the script's code (1, 2: released; 0: gone).
         self.on_release: Callable[[Hold], asyncio.Future[int]] | None = None
+
+    @classmethod
+    def passed_on(cls, hold: Hold, task: asyncio.Task[Any], serial: int) -> Hold:
+        """A new hold of ``task`` that takes over ``hold``'s Redis entry
+        (owner, scripts, expiry, confirmation) with its next reserved fencing
+        token (``Holds.pass_on``): the fields copied, not rebuilt."""
+        new = cls.__new__(cls)
+        new.engine = hold.engine
+        new.name = hold.name
+        new.kind = hold.kind
+        new.began = None
+        new.owner = hold.owner
+        new.serial = serial
+        new.token = hold.token + 1
+        new.task = task
+        new.lease = hold.lease
+        new.watchdog = hold.watchdog
+        new.expires_at = hold.expires_at
+        new.release_script = hold.release_script
+        new.release_keys = hold.release_keys
+        new.release_args = hold.release_args
+        new.renew_script = hold.renew_script
+        new.renew_key = hold.renew_key
+        new.renew_args = hold.renew_args
+        new.reserve = hold.reserve - 1
+        new.confirmed = hold.confirmed
+        new.leases = []
+        new.lost_reason = None
+        new.callbacks = []
+        new.contexts = []
+        new.releasing = None
+        new.timer = None
+        new.on_detach = None
+        new.on_release = hold.on_release
+        return new
 
     @property
     def holder(self) -> str:

@@ -57,11 +57,37 @@ Outcome = Literal["acquired", "timed_out", "cancelled", "failed"]
 LockLabel = Callable[[str], "str | None"]
 
 log = logging.getLogger("aiolock.lock")
+
+
+def answers(logger: logging.Logger) -> dict[int, bool]:
+    """``logger``'s cache of ``isEnabledFor`` answers (logging clears it, never
+    replaces it, whenever a level changes; an empty dict where there is none).
+
+    On the hot paths ``log_answers.get(DEBUG) is not False and
+    log.isEnabledFor(DEBUG)`` is ``log.isEnabledFor(DEBUG)`` with no Python
+    call while DEBUG is off and the answer cached (a cleared cache answers
+    None, and ``isEnabledFor`` is asked, and caches its answer). Three
+    such checks per local handoff cost as much as the rest of the telemetry
+    (issue 20 item 8)."""
+    found = getattr(logger, "_cache", None)
+    return found if isinstance(found, dict) else {}
+
+
+#: ``log``'s answers (see ``answers``).
+log_answers = answers(log)
+DEBUG = logging.DEBUG
 lease_log = logging.getLogger("aiolock.lease")
 
 #: The reason of a hold lost because its Client was closed (``aclose()``): the
 #: user's own doing, logged at INFO; every other loss is a WARNING.
 CLIENT_CLOSED = "the Client was closed"
+#: How many local handoffs and waited acquisitions may pass before an
+#: Observer whose telemetry did not record asks it again (``Observer.live``):
+#: an OpenTelemetry SDK configured after the Client was made records wait
+#: and hold times from the next uncontended acquisition or release on, and
+#: under contention from at most this many events on (the counts are exact
+#: all along).
+RECHECK = 64
 #: The reason a fixed lease (``acquire(lease=...)``) ran out.
 FIXED_LEASE_EXPIRED = "the fixed lease expired"
 
@@ -92,6 +118,35 @@ class Telemetry(Protocol):
 
     def lost(self, kind: str, name: str) -> None:
         """A hold was lost."""
+
+    @property
+    def tally(self) -> Tally | None:
+        """Where the Observer keeps the counts itself, with no call per event
+        (then it calls ``timed_wait`` / ``timed_hold`` instead of ``acquired``,
+        ``waiting``, ``held`` and ``handed``, and only while ``recording()``);
+        None: the telemetry counts (by a label of the name, say)."""
+
+    def recording(self) -> bool:
+        """Whether ``timed_wait`` / ``timed_hold`` may record anything now."""
+
+    def timed_wait(
+        self, kind: str, name: str, outcome: Outcome, seconds: float, waited: bool
+    ) -> None:
+        """``acquired`` without the counts (see ``tally``)."""
+
+    def timed_hold(self, kind: str, name: str, seconds: float) -> None:
+        """A hold ended after ``seconds`` (``held(-1)`` or ``handed``) without the counts."""
+
+
+class Tally(Protocol):
+    """The counts an Observer keeps for its telemetry (otel.py's ``Counts``):
+    acquisitions by series ``(kind, outcome, None)``, the common one
+    (outcome "acquired") and the holds and waiters right now by kind alone."""
+
+    acquisitions: dict[tuple[str, str, str | None], int]
+    acquired_by_kind: dict[str, int]
+    holds_by_kind: dict[str, int]
+    waiters_by_kind: dict[str, int]
 
 
 class Hold(Protocol):
@@ -168,8 +223,11 @@ class Observer:
         "complained",
         "failures",
         "holds",
+        "live",
         "losses",
-        "telemetry",
+        "recheck",
+        "tally",
+        "telemetry_",
         "timeouts",
         "wait_time",
         "waiting",
@@ -193,6 +251,38 @@ class Observer:
         #: A telemetry call raised once already (logged then, not again).
         self.complained = False
 
+    @property
+    def telemetry(self) -> Telemetry | None:
+        """Where the figures go besides the counters (None: nowhere). While the
+        telemetry keeps no counts of its own (``Telemetry.tally``), this
+        Observer keeps them in its tally and calls it only while it records
+        (an SDK or a tracer provider set): with only the API installed, an
+        acquisition makes no telemetry call (issue 20 item 8)."""
+        return self.telemetry_
+
+    @telemetry.setter
+    def telemetry(self, telemetry: Telemetry | None) -> None:
+        self.telemetry_ = telemetry
+        #: The telemetry's counts, kept here (see ``telemetry``), or None.
+        self.tally = None if telemetry is None else telemetry.tally
+        #: With a tally: the telemetry records (``Telemetry.recording``). Once
+        #: true it stays true (OpenTelemetry's global providers are set once,
+        #: never unset); while false it is asked again every RECHECK events,
+        #: not at each (see ``_recording``).
+        self.live = telemetry is not None and telemetry.recording()
+        self.recheck = RECHECK
+
+    def _recording(self) -> bool:
+        """Whether the telemetry records now (``live``), asked of it again:
+        at the end of each acquisition that did not wait and of each hold not
+        handed on locally, and once per RECHECK local handoffs and waited
+        acquisitions, the hot path (its callers count ``recheck`` down,
+        inline, and call this at zero; once ``live``, it no longer matters)."""
+        self.recheck = RECHECK
+        telemetry = self.telemetry_
+        self.live = telemetry is not None and telemetry.recording()
+        return self.live
+
     # -- acquisitions --------------------------------------------------------------------
 
     def telemetry_failed(self) -> None:
@@ -209,9 +299,14 @@ class Observer:
 
     def began_waiting(self, attempt: Attempt) -> None:
         self.waiting += 1
-        if self.telemetry is not None:
+        tally = self.tally
+        if tally is not None:
+            kind = attempt.kind
+            waiters = tally.waiters_by_kind
+            waiters[kind] = waiters.get(kind, 0) + 1
+        elif self.telemetry_ is not None:
             try:
-                self.telemetry.waiting(attempt.kind, attempt.name, 1)
+                self.telemetry_.waiting(attempt.kind, attempt.name, 1)
             except Exception:
                 self.telemetry_failed()
 
@@ -227,18 +322,39 @@ class Observer:
             self.cancellations += 1
         else:
             self.failures += 1
-        telemetry = self.telemetry
+        telemetry = self.telemetry_
         if attempt.waited:
             self.waiting -= 1
         if telemetry is not None:
             # Never raises: past a grant, an exception here would leave the
             # lock held with nobody to release it. (A waited attempt stops
             # waiting in the same call.)
+            tally = self.tally
             try:
-                telemetry.acquired(attempt.kind, attempt.name, outcome, seconds, attempt.waited)
+                if tally is None:
+                    telemetry.acquired(attempt.kind, attempt.name, outcome, seconds, attempt.waited)
+                else:
+                    kind = attempt.kind
+                    if outcome == "acquired":
+                        counts = tally.acquired_by_kind
+                        counts[kind] = counts.get(kind, 0) + 1
+                    else:
+                        key = (kind, outcome, None)
+                        other = tally.acquisitions
+                        other[key] = other.get(key, 0) + 1
+                    if attempt.waited:
+                        counts = tally.waiters_by_kind
+                        counts[kind] = counts.get(kind, 0) - 1
+                    # (asked at once after an acquisition that did not wait:
+                    # a round trip, that a call more does not slow down)
+                    self.recheck -= 1  # (see _recording)
+                    if self.live or (
+                        (self.recheck <= 0 or not attempt.waited) and self._recording()
+                    ):
+                        telemetry.timed_wait(kind, attempt.name, outcome, seconds, attempt.waited)
             except Exception:
                 self.telemetry_failed()
-        if log.isEnabledFor(logging.DEBUG):
+        if log_answers.get(DEBUG) is not False and log.isEnabledFor(DEBUG):
             token = getattr(result, "fencing_token", None)
             log.debug(
                 "%s %r: %s after %.1f ms%s%s",
@@ -255,34 +371,46 @@ class Observer:
     def hold_began(self, hold: Hold) -> None:
         hold.began = time.perf_counter()
         self.holds += 1
-        if self.telemetry is not None:
+        self._held(hold, 1)
+
+    def _held(self, hold: Hold, delta: int) -> None:
+        """A hold began (+1) or ended unseen (-1, no time): the counts only."""
+        tally = self.tally
+        if tally is not None:
+            kind = hold.kind
+            counts = tally.holds_by_kind
+            counts[kind] = counts.get(kind, 0) + delta
+        elif self.telemetry_ is not None:
             try:
-                self.telemetry.held(hold.kind, hold.name, 1, 0.0)
+                self.telemetry_.held(hold.kind, hold.name, delta, 0.0)
             except Exception:
                 self.telemetry_failed()
 
     def hold_handed(self, hold: Hold, new: Hold) -> None:
         """A local handoff: ``hold`` ended and ``new`` (same kind and name)
         began at once; as ``hold_ended(hold)`` then ``hold_began(new)``, with
-        one clock reading and one telemetry call (``Telemetry.handed``)."""
+        one clock reading and one telemetry call (``Telemetry.handed``; none
+        while it does not record, see ``telemetry``)."""
         now = new.began = time.perf_counter()
         began = hold.began
         if began is None:  # (it ended already: only the new one begins)
             self.holds += 1
-            if self.telemetry is not None:
-                try:
-                    self.telemetry.held(new.kind, new.name, 1, 0.0)
-                except Exception:
-                    self.telemetry_failed()
+            self._held(new, 1)
             return
         hold.began = None
         seconds = now - began
-        if self.telemetry is not None:
+        telemetry = self.telemetry_
+        if telemetry is not None:
             try:
-                self.telemetry.handed(hold.kind, hold.name, seconds)
+                if self.tally is None:
+                    telemetry.handed(hold.kind, hold.name, seconds)
+                else:
+                    self.recheck -= 1
+                    if self.live or (self.recheck <= 0 and self._recording()):
+                        telemetry.timed_hold(hold.kind, hold.name, seconds)
             except Exception:
                 self.telemetry_failed()
-        if log.isEnabledFor(logging.DEBUG):
+        if log_answers.get(DEBUG) is not False and log.isEnabledFor(DEBUG):
             self._log_ended(hold, seconds)
 
     def hold_ended(self, hold: Hold) -> None:
@@ -292,9 +420,18 @@ class Observer:
         hold.began = None
         self.holds -= 1
         seconds = time.perf_counter() - began
-        if self.telemetry is not None:
+        telemetry = self.telemetry_
+        if telemetry is not None:
             try:
-                self.telemetry.held(hold.kind, hold.name, -1, seconds)
+                tally = self.tally
+                if tally is None:
+                    telemetry.held(hold.kind, hold.name, -1, seconds)
+                else:
+                    kind = hold.kind
+                    counts = tally.holds_by_kind
+                    counts[kind] = counts.get(kind, 0) - 1
+                    if self.live or self._recording():  # (a release, not a local handoff)
+                        telemetry.timed_hold(hold.kind, hold.name, seconds)
             except Exception:
                 self.telemetry_failed()
         if log.isEnabledFor(logging.DEBUG):
@@ -348,9 +485,9 @@ class Observer:
                 hold.owner,
                 hold.lost_reason,
             )
-        if self.telemetry is not None:
+        if self.telemetry_ is not None:
             try:
-                self.telemetry.lost(hold.kind, hold.name)
+                self.telemetry_.lost(hold.kind, hold.name)
             except Exception:
                 self.telemetry_failed()
 

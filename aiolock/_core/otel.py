@@ -44,10 +44,12 @@ With only the API installed (no SDK configured yet), the histograms are the
 API's proxies with nothing behind them: they are not called, and no span is
 looked for while the tracer is the API's proxy with no global
 TracerProvider set; the counts are kept all the same, so an SDK configured
-later reads true holds and waiters at once. A waited acquisition ends its
-wait in ``acquired`` (no separate ``waiting(-1)``), and a local handoff is
-one ``handed`` call (the hold counts do not move). ``benchmarks/instrumentation.py``
-measures it.
+later reads true holds and waiters at once. Without a ``lock_label`` the
+Observer keeps them itself (``tally``: by kind, str keys) and calls nothing
+here while nothing records (``recording``; observe.py, ``Observer.live``).
+A waited acquisition ends its wait in ``acquired`` (no separate
+``waiting(-1)``), and a local handoff is one ``handed`` call (the hold
+counts do not move). ``benchmarks/instrumentation.py`` measures it.
 """
 
 from __future__ import annotations
@@ -131,13 +133,40 @@ class Counts:
     reader, possibly from its own thread.
     """
 
-    __slots__ = ("__weakref__", "acquisitions", "holds", "losses", "waiters")
+    __slots__ = (
+        "__weakref__",
+        "acquired_by_kind",
+        "acquisitions",
+        "holds",
+        "holds_by_kind",
+        "losses",
+        "waiters",
+        "waiters_by_kind",
+    )
 
     def __init__(self) -> None:
         self.acquisitions: dict[Key, int] = {}
         self.losses: dict[Key, int] = {}
         self.holds: dict[Key, int] = {}
         self.waiters: dict[Key, int] = {}
+        # The Observer's own counts (observe.py, Tally: no lock_label), by kind
+        # alone, for the series (kind, "acquired" or "", None): a str key is
+        # hashed once, a tuple at every lookup.
+        self.acquired_by_kind: dict[str, int] = {}
+        self.holds_by_kind: dict[str, int] = {}
+        self.waiters_by_kind: dict[str, int] = {}
+
+    def series(self, field: str) -> list[tuple[Key, int]]:
+        """The counts of ``field`` by series (a copy: one C call per dict, atomic)."""
+        found = list(getattr(self, field).copy().items())
+        by_kind, outcome = {
+            "acquisitions": (self.acquired_by_kind, "acquired"),
+            "holds": (self.holds_by_kind, ""),
+            "waiters": (self.waiters_by_kind, ""),
+        }.get(field, (None, ""))
+        if by_kind is not None:
+            found.extend(((kind, outcome, None), n) for kind, n in by_kind.copy().items())
+        return found
 
 
 MONOTONIC = ("acquisitions", "losses")
@@ -210,13 +239,13 @@ class Instruments:
                     # without aclose() holds and waits for nothing any more.
                     for name in MONOTONIC:
                         into = getattr(self.retired, name)
-                        for key, value in getattr(counts, name).items():
+                        for key, value in counts.series(name):
                             into[key] = into.get(key, 0) + value
                 self.live = alive
             sources = [self.retired, *(counts for _, counts in self.live)]
         totals: dict[Key, int] = {}
         for counts in sources:
-            for key, value in getattr(counts, field).copy().items():  # one C call: atomic
+            for key, value in counts.series(field):
                 totals[key] = totals.get(key, 0) + value
         return list(totals.items())
 
@@ -335,23 +364,49 @@ class OtelTelemetry:
             attrs = self._attrs[key] = _attributes(key)
         return attrs
 
+    @property
+    def tally(self) -> Counts | None:
+        """This Client's counts, for the Observer to keep itself (no call per
+        event), when no ``lock_label`` names the series; else None."""
+        return self._counts if self._label is None else None
+
+    def recording(self) -> bool:
+        """Whether a histogram or a span may record anything now: an SDK's
+        MeterProvider or a TracerProvider is set (given, or set globally; a
+        global one set later is seen at once). While not, with ``tally``,
+        the Observer makes no call here (issue 20 item 8)."""
+        return (
+            getattr(self._wait_time, "_real_instrument", self) is not None
+            or not self._proxy_tracer
+            or getattr(trace, "_TRACER_PROVIDER", True) is not None
+        )
+
     def acquired(self, kind: str, name: str, outcome: str, seconds: float, waited: bool) -> None:
         # (_key inlined without a lock_label, here and below: a call less per event)
         key = (kind, outcome, None) if self._label is None else self._key(kind, outcome, name)
+        counts = self._counts.acquisitions
+        counts[key] = counts.get(key, 0) + 1
+        if waited:
+            # It waited: it stops waiting now (one call per acquisition, not two).
+            wkey = (kind, "", None) if self._label is None else self._key(kind, "", name)
+            waiters = self._counts.waiters
+            waiters[wkey] = waiters.get(wkey, 0) - 1
+        self._timed_wait(key, outcome, seconds, waited)
+
+    def timed_wait(self, kind: str, name: str, outcome: str, seconds: float, waited: bool) -> None:
+        """``acquired`` but the counts (kept by the Observer: ``tally``)."""
+        key = (kind, outcome, None) if self._label is None else self._key(kind, outcome, name)
+        self._timed_wait(key, outcome, seconds, waited)
+
+    def _timed_wait(self, key: Key, outcome: str, seconds: float, waited: bool) -> None:
         hist = self._wait_time
         # Not the API's proxy with no SDK behind it (its record() does nothing;
         # a MeterProvider set later gives it a real instrument, seen at once):
         # no attributes looked up, no call. Same for the hold time below.
         if getattr(hist, "_real_instrument", hist) is not None:
             hist.record(seconds, self._attributes(key))
-        counts = self._counts.acquisitions
-        counts[key] = counts.get(key, 0) + 1
         if not waited:
             return
-        # It waited: it stops waiting now (one call per acquisition, not two).
-        wkey = (kind, "", None) if self._label is None else self._key(kind, "", name)
-        waiters = self._counts.waiters
-        waiters[wkey] = waiters.get(wkey, 0) - 1
         if (
             not self._proxy_tracer or getattr(trace, "_TRACER_PROVIDER", True) is not None
         ) and trace.get_current_span().get_span_context().is_valid:
@@ -378,6 +433,11 @@ class OtelTelemetry:
             hist = self._hold_time
             if getattr(hist, "_real_instrument", hist) is not None:
                 hist.record(seconds, self._attributes(key))
+
+    def timed_hold(self, kind: str, name: str, seconds: float) -> None:
+        """A hold ended after ``seconds``: its histogram only (``held(-1)`` and
+        ``handed`` but the counts, kept by the Observer: ``tally``)."""
+        self.handed(kind, name, seconds)
 
     def handed(self, kind: str, name: str, seconds: float) -> None:
         """A hold ended after ``seconds`` and the next began at once, in this

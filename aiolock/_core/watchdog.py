@@ -201,6 +201,24 @@ class Watchdog:
         if self._items.pop(item, None) is not None and checked(item):
             self.checked -= 1
 
+    def swap(self, old: Renewable, new: Renewable) -> None:
+        """``remove(old)`` then ``add(new)`` for an item that takes over
+        ``old``'s key and expiry (a watchdog hold passed on locally): its
+        renewal is due when ``old``'s was, so the watchdog is not woken. One
+        dict update per local handoff."""
+        slot = self._items.pop(old, None)
+        if (
+            slot is None
+            or getattr(old, "watchdog", True) is False  # (checked(), inline)
+            or getattr(new, "watchdog", True) is False
+            or new.expires_at != old.expires_at
+        ):
+            if slot is not None and checked(old):
+                self.checked -= 1
+            self.add(new)
+            return
+        self._items[new] = slot
+
     def check_now(self) -> None:
         """Start a round at once (or right after the one under way): the
         Client may have missed an eviction message (evict.py)."""

@@ -11,7 +11,7 @@ from .._core.errors import LockTimeoutError
 from .._core.futures import Outcome
 from .._core.keys import LockKeys
 from .._core.lease import Hold, Lease
-from .._core.observe import Attempt, Observer, _attempt, outcome_of
+from .._core.observe import DEBUG, Attempt, Observer, _attempt, answers, outcome_of
 from .._core.parking import Parked, ParkingLot
 from .._core.validate import check_lease, check_timeout, to_ms
 from .base import SingleHolder, _Entry, compete, ttl_hint
@@ -24,6 +24,7 @@ __all__ = ["AsyncLock", "LocalQueue"]
 
 #: The DEBUG trace of grants and handoffs (acquisitions and releases: observe.py, holds.py).
 log = logging.getLogger("aiolock.lock")
+log_answers = answers(log)  # (observe.answers: no isEnabledFor call per local handoff)
 
 
 #: How many times in a row a Client may hand a lock among its own tasks
@@ -259,25 +260,13 @@ class LocalQueue:
 
     def _pass_locally(self, hold: Hold, turn: _Turn) -> asyncio.Future[int]:
         """Hand the lock to the next local task with no round trip (see the class doc)."""
-        assert self.lock is not None
-        hold.on_detach = None
-        hold.detach(observed=False)  # (the new hold tells the observer: _install)
-        self.hold = None
+        on_detach, hold.on_detach = hold.on_detach, None
         self.handoffs += 1
-        new = self.lock._install(
-            self,
-            turn.task,
-            hold.owner,
-            hold.token + 1,
-            None,
-            hold.lease,
-            hold.expires_at - hold.lease,
-            hold.confirmed,  # the same hold in Redis
-            redis_identity=hold,
-            handed_from=hold,
-        )
-        new.reserve = hold.reserve - 1
-        if log.isEnabledFor(logging.DEBUG):
+        # The same hold in Redis, a new hold here (Holds.pass_on: as detach()
+        # then _install(redis_identity=hold), without rebuilding what it keeps).
+        new = self.hold = self.engine.pass_on(hold, turn.task)
+        new.on_detach = on_detach
+        if log_answers.get(DEBUG) is not False and log.isEnabledFor(DEBUG):
             log.debug(
                 "lock %r: handed from %s to %s in this Client, no round trip (fencing token "
                 "%d, handoff %d of at most %d in a row)",
