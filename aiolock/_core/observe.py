@@ -166,12 +166,22 @@ class Attempt:
 
     __slots__ = ("done", "kind", "name", "observer", "started", "waited")
 
-    def __init__(self, observer: Observer, kind: str, name: str) -> None:
+    def __init__(
+        self,
+        observer: Observer,
+        kind: str,
+        name: str,
+        started: float | None = None,
+        waited: bool = False,
+    ) -> None:
         self.observer = observer
         self.kind = kind
         self.name = name
-        self.started = time.perf_counter()
-        self.waited = False
+        #: When the acquisition began (``perf_counter``; given: it began
+        #: before the attempt was made, see ``AsyncLock._acquire``).
+        self.started = time.perf_counter() if started is None else started
+        #: It parked (counted in ``Observer.waiting``) already.
+        self.waited = waited
         self.done = False
 
 
@@ -298,21 +308,35 @@ class Observer:
             )
 
     def began_waiting(self, attempt: Attempt) -> None:
+        self.began_waiting_for(attempt.kind, attempt.name)
+
+    def began_waiting_for(self, kind: str, name: str) -> None:
+        """``began_waiting`` of an acquisition with no ``Attempt`` (yet): the
+        plain lock's, parked in its local queue (see ``ended``)."""
         self.waiting += 1
         tally = self.tally
         if tally is not None:
-            kind = attempt.kind
             waiters = tally.waiters_by_kind
             waiters[kind] = waiters.get(kind, 0) + 1
         elif self.telemetry_ is not None:
             try:
-                self.telemetry_.waiting(attempt.kind, attempt.name, 1)
+                self.telemetry_.waiting(kind, name, 1)
             except Exception:
                 self.telemetry_failed()
 
     def finished(self, attempt: Attempt, outcome: Outcome, result: Any) -> None:
         attempt.done = True
-        seconds = time.perf_counter() - attempt.started
+        self.ended(attempt.kind, attempt.name, attempt.started, attempt.waited, outcome, result)
+
+    def ended(
+        self, kind: str, name: str, started: float, waited: bool, outcome: Outcome, result: Any
+    ) -> None:
+        """``finished`` of an acquisition of lock ``name`` begun at ``started``
+        (``perf_counter``) that parked (``waited``: counted by
+        ``began_waiting_for``) or not, with no ``Attempt``: the plain lock makes
+        one only when it competes in Redis, none for a task handed the lock in
+        its local queue (an object less per waiting task, issue 20 item 8)."""
+        seconds = time.perf_counter() - started
         self.wait_time += seconds
         if outcome == "acquired":
             self.acquisitions += 1
@@ -323,7 +347,7 @@ class Observer:
         else:
             self.failures += 1
         telemetry = self.telemetry_
-        if attempt.waited:
+        if waited:
             self.waiting -= 1
         if telemetry is not None:
             # Never raises: past a grant, an exception here would leave the
@@ -332,9 +356,8 @@ class Observer:
             tally = self.tally
             try:
                 if tally is None:
-                    telemetry.acquired(attempt.kind, attempt.name, outcome, seconds, attempt.waited)
+                    telemetry.acquired(kind, name, outcome, seconds, waited)
                 else:
-                    kind = attempt.kind
                     if outcome == "acquired":
                         counts = tally.acquired_by_kind
                         counts[kind] = counts.get(kind, 0) + 1
@@ -342,27 +365,25 @@ class Observer:
                         key = (kind, outcome, None)
                         other = tally.acquisitions
                         other[key] = other.get(key, 0) + 1
-                    if attempt.waited:
+                    if waited:
                         counts = tally.waiters_by_kind
                         counts[kind] = counts.get(kind, 0) - 1
                     # (asked at once after an acquisition that did not wait:
                     # a round trip, that a call more does not slow down)
                     self.recheck -= 1  # (see _recording)
-                    if self.live or (
-                        (self.recheck <= 0 or not attempt.waited) and self._recording()
-                    ):
-                        telemetry.timed_wait(kind, attempt.name, outcome, seconds, attempt.waited)
+                    if self.live or ((self.recheck <= 0 or not waited) and self._recording()):
+                        telemetry.timed_wait(kind, name, outcome, seconds, waited)
             except Exception:
                 self.telemetry_failed()
         if log_answers.get(DEBUG) is not False and log.isEnabledFor(DEBUG):
             token = getattr(result, "fencing_token", None)
             log.debug(
                 "%s %r: %s after %.1f ms%s%s",
-                attempt.kind,
-                attempt.name,
+                kind,
+                name,
                 outcome.replace("_", " "),
                 seconds * 1000.0,
-                " (waited)" if attempt.waited else "",
+                " (waited)" if waited else "",
                 f", fencing token {token}" if token is not None else "",
             )
 

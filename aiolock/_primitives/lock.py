@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine, Iterable
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from .._core.errors import LockTimeoutError
@@ -522,13 +523,14 @@ class AsyncLock(SingleHolder):
         self, timeout: float | None, lease: float | None, observer: Observer | None = None
     ) -> Lease:
         # Observed here, as observed() would, if an observer is given (the
-        # callers that go through observed() give none).
-        # The attempt is in the context (for note_waiting) only while it
-        # competes in Redis: a task parked in the local queue counts itself
-        # as waiting, with no context entry per waiting task.
+        # callers that go through observed() give none). An Attempt is made
+        # only to compete in Redis, where it is in the context (for
+        # note_waiting); a task parked in the local queue counts itself as
+        # waiting and is handed the lock with none (Observer.ended): no
+        # object and no context entry per waiting task.
         attempt = token = None
-        if observer is not None:
-            attempt = Attempt(observer, self.kind, self.name)
+        started = perf_counter() if observer is not None else 0.0
+        waited = False
         try:
             engine = self._engine
             task = engine.enter_task()
@@ -540,7 +542,10 @@ class AsyncLock(SingleHolder):
                 hold = state.hold
                 if hold is not None and hold.task is task:
                     if hold.releasing is None:
-                        return _acquired(attempt, hold.new_lease())
+                        lease_ = hold.new_lease()
+                        if observer is not None:
+                            observer.ended(self.kind, self.name, started, False, "acquired", lease_)
+                        return lease_
                     # Our release of it is still on its way (its caller was
                     # cancelled, or another task released the lease): no re-entry
                     # into a hold being released; queue up (the lock is busy) and
@@ -549,16 +554,17 @@ class AsyncLock(SingleHolder):
                     state.lock = self
             deadline = None if timeout is None else loop.time() + timeout
             if state.busy:
-                if attempt is not None and not attempt.waited:  # (note_waiting)
-                    attempt.waited = True
-                    attempt.observer.began_waiting(attempt)
+                if observer is not None and not waited:  # (note_waiting)
+                    waited = True
+                    observer.began_waiting_for(self.kind, self.name)
                 # state.turn(), inline: one coroutine frame less per waiting task.
                 # (Counted as waiting above if observed here: the lot need not
                 # look for an attempt in the context; observed() callers' it finds.)
                 if deadline is not None and deadline <= loop.time():
                     raise LockTimeoutError("the lock is busy and the timeout allowed no wait")
                 fut: asyncio.Future[bool | Hold] = loop.create_future()
-                timer = state.lot.park(_Turn(fut, task, lease), deadline, noted=attempt is not None)
+                noted = observer is not None
+                timer = state.lot.park(_Turn(fut, task, lease), deadline, noted=noted)
                 try:
                     got = await fut
                 except asyncio.CancelledError:
@@ -568,8 +574,8 @@ class AsyncLock(SingleHolder):
                     state.lot.unparked(timer)
                 if isinstance(got, Hold):  # (state.took(), inline)
                     lease_ = got.new_lease()
-                    if attempt is not None:
-                        attempt.observer.finished(attempt, "acquired", lease_)
+                    if observer is not None:
+                        observer.ended(self.kind, self.name, started, waited, "acquired", lease_)
                     return lease_
                 if not got:
                     raise LockTimeoutError("timed out waiting for the lock")
@@ -583,7 +589,8 @@ class AsyncLock(SingleHolder):
                         raise
             else:
                 state.busy = True
-            if attempt is not None:
+            if observer is not None:
+                attempt = Attempt(observer, self.kind, self.name, started, waited)
                 token = _attempt.set(attempt)
             try:
                 hold = await self._compete(state, task, lease, deadline, loop)
@@ -592,8 +599,11 @@ class AsyncLock(SingleHolder):
                 raise
             return _acquired(attempt, hold.new_lease())
         except BaseException as exc:
-            if attempt is not None and not attempt.done:
-                attempt.observer.finished(attempt, outcome_of(exc), None)
+            if attempt is not None:
+                if not attempt.done:
+                    attempt.observer.finished(attempt, outcome_of(exc), None)
+            elif observer is not None:
+                observer.ended(self.kind, self.name, started, waited, outcome_of(exc), None)
             raise
         finally:
             if token is not None:
