@@ -14,9 +14,10 @@ proves mutual exclusion and token order over every hold.
 
 Hypothesis runs rules synchronously: each rule drives a private event loop
 until the event it waits for (a reply, a park, a grant), never for a time.
-The in-suite run is small and seeded (reproducible in CI);
-``AIOLOCK_STATEFUL_EXAMPLES=500 AIOLOCK_STATEFUL_STEPS=50 python -m pytest -n 0 tests/test_stateful.py``
-runs a deeper one.
+The in-suite run is small and seeded (reproducible in CI); a deeper one:
+
+    AIOLOCK_STATEFUL_EXAMPLES=500 AIOLOCK_STATEFUL_STEPS=50 \
+        python -m pytest -n 0 tests/test_stateful.py
 """
 
 from __future__ import annotations
