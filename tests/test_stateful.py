@@ -17,7 +17,7 @@ until the event it waits for (a reply, a park, a grant), never for a time.
 The in-suite run is small and seeded (reproducible in CI); a deeper one:
 
     AIOLOCK_STATEFUL_EXAMPLES=500 AIOLOCK_STATEFUL_STEPS=50 \
-        python -m pytest -n 0 tests/test_stateful.py
+        python -m pytest -n 0 --timeout 3600 tests/test_stateful.py
 """
 
 from __future__ import annotations
