@@ -1,15 +1,31 @@
 """Reference models of the primitives: plain Python, no I/O (issue 22 item 1).
 
 A model says, after any sequence of operations, what each call may return
-and who holds what. The stateful tests (tests/test_stateful.py) run the
-same operations on real servers and compare. Time is not modelled yet:
-every hold here is a watchdog hold (renewed, never expiring by itself).
+and who holds what. The stateful tests (tests/test_stateful.py, driven by
+tests/stateful.py) run the same operations on real servers and compare.
 
-``LockModel``: the reentrant ``AsyncLock``. Holders are named actors (a
-task each); a re-entry by the holder returns its token and counts; the
-last release frees the lock and, if anyone waits, hands it to one of the
-waiters (the plain lock promises no order); a force release evicts the
-holder, whose leases are then lost.
+Time is an input, not a clock the model reads: a hold with a fixed lease
+ends when the test says its lease ran out (``expired``), a restart without
+persistence ends every hold (``restarted``). Holds renewed by the watchdog
+never end by themselves.
+
+``HoldsModel`` covers every primitive that is held, by its ``shape``:
+
+* ``exclusive``: one holder, reentrant per task (``AsyncLock``, ``SpinLock``,
+  ``MultiLock``, ``RedlockLock``); a re-entry returns the hold's token.
+* ``fair``: exclusive, and the waiters are served in the order they queued
+  (FIFO across Clients).
+* ``rw``: many readers or one writer, each side reentrant; writers are
+  preferred: while a writer waits for the readers to leave, no new reader
+  is let in (a reader's re-entry still is).
+* ``semaphore``: ``permits`` permits, each acquisition a new permit with its
+  own token (not reentrant).
+
+Every new hold's fencing token is above every token issued before on the
+name, across expiries, force releases and restarts. A force release, an
+expiry or a restart ends the holds it removes: their leases are *lost*
+(``LockLostError`` to the code they protect, ``LockNotOwnedError`` on
+release). ``LatchModel`` is the countdown latch.
 """
 
 from __future__ import annotations
@@ -18,50 +34,127 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Try = Literal["acquired", "reentered", "busy"]
+Shape = Literal["exclusive", "fair", "rw", "semaphore"]
 
 
 @dataclass
-class LockModel:
-    holder: str | None = None
-    #: The holder's leases not yet released (reentrancy).
-    count: int = 0
-    #: The holder's fencing token, and the largest seen on this name.
-    token: int = 0
+class HoldsModel:
+    shape: Shape = "exclusive"
+    permits: int = 1
+    #: Each actor's live leases (tokens), and the side it holds ("x" for
+    #: exclusive shapes, "read"/"write" for rw, "permit" for a semaphore).
+    leases: dict[str, list[int]] = field(default_factory=dict)
+    side: dict[str, str] = field(default_factory=dict)
+    #: The largest token issued on this name.
     top: int = 0
-    waiters: set[str] = field(default_factory=set)
+    #: Who waits, and for which side, in the order they queued.
+    waiters: dict[str, str] = field(default_factory=dict)
 
-    def try_acquire(self, who: str) -> Try:
-        """What a try that will not wait returns (before any reply: the model's verdict)."""
-        if self.holder is None:
+    # -- what holds ------------------------------------------------------------
+
+    def holders(self, side: str | None = None) -> set[str]:
+        return {w for w, ls in self.leases.items() if ls and (side is None or self.side[w] == side)}
+
+    def in_use(self) -> int:
+        """Permits held (semaphore), or holders."""
+        return (
+            sum(len(ls) for ls in self.leases.values())
+            if self.shape == "semaphore"
+            else (len(self.holders()))
+        )
+
+    def verdict(self, who: str, side: str) -> Try:
+        """What a try that will not wait returns for ``who`` asking for ``side``."""
+        mine = self.leases.get(who)
+        if self.shape == "semaphore":
+            return "acquired" if self.in_use() < self.permits else "busy"
+        if mine:
+            assert self.side[who] == side, "the machine never mixes sides in one actor"
+            return "reentered"
+        others = self.holders()
+        if self.shape == "rw" and side == "read":
+            if self.holders("write"):
+                return "busy"
+            if others and "write" in self.waiters.values():
+                return "busy"  # a writer waits for the readers: no new reader
             return "acquired"
-        return "reentered" if self.holder == who else "busy"
+        if others:
+            return "busy"
+        if self.shape == "fair" and self.waiters and next(iter(self.waiters)) != who:
+            return "busy"
+        return "acquired"
 
-    def granted(self, who: str, token: int) -> None:
-        """``who`` got the free lock with ``token``; raises if that breaks a rule."""
-        assert self.holder is None, f"{who} granted while {self.holder} holds"
-        assert token > self.top, f"token {token} not above {self.top}"
-        self.waiters.discard(who)
-        self.holder, self.count, self.token, self.top = who, 1, token, token
+    # -- what happened ---------------------------------------------------------
 
-    def reentered(self, who: str, token: int) -> None:
-        assert self.holder == who, f"{who} re-entered a lock held by {self.holder}"
-        assert token == self.token, f"re-entry token {token}, hold's {self.token}"
-        self.count += 1
+    def granted(self, who: str, side: str, token: int) -> Try:
+        """``who`` got ``side`` with ``token``; raises if that breaks a rule."""
+        verdict = self.verdict(who, side)
+        self.waiters.pop(who, None)
+        assert verdict != "busy", f"{who} granted {side} against the model: {self.describe()}"
+        if verdict == "reentered":
+            assert token == self.leases[who][-1], (
+                f"re-entry token {token}, hold's {self.leases[who]}"
+            )
+        else:
+            assert token > self.top, f"token {token} not above {self.top}"
+            self.top = token
+        self.leases.setdefault(who, []).append(token)
+        self.side[who] = side
+        return verdict
 
     def released(self, who: str) -> bool:
-        """One lease of ``who`` released; True if that freed the lock."""
-        assert self.holder == who and self.count > 0, f"{who} released what it does not hold"
-        self.count -= 1
-        if self.count == 0:
-            self.holder = None
-            return True
-        return False
+        """One lease of ``who`` released; True if that freed room for a waiter."""
+        mine = self.leases.get(who)
+        assert mine, f"{who} released what it does not hold"
+        mine.pop()
+        return self.shape == "semaphore" or not mine
 
-    def force_released(self) -> str | None:
-        """The lock deleted by an operator: the evicted holder, if any."""
-        evicted, self.holder, self.count = self.holder, None, 0
+    def ended(self, who: str) -> None:
+        """``who``'s holds ended without a release (an expiry, an eviction)."""
+        self.leases.pop(who, None)
+        self.side.pop(who, None)
+
+    def force_released(self) -> set[str]:
+        """Every hold deleted by an operator: the evicted actors."""
+        evicted = self.holders()
+        self.leases.clear()
+        self.side.clear()
         return evicted
 
+    restarted = force_released  # a restart without persistence ends every hold too
+
     def may_be_granted(self) -> set[str]:
-        """Who may get the lock next without a new call: any waiter, if it is free."""
-        return set(self.waiters) if self.holder is None else set()
+        """Who may get a hold next without a new call."""
+        if self.shape == "fair":
+            head = next(iter(self.waiters), None)
+            return {head} if head is not None and not self.holders() else set()
+        room = [w for w, s in self.waiters.items() if self.verdict(w, s) != "busy"]
+        return set(room)
+
+    def describe(self) -> str:
+        held = {w: (self.side[w], ls) for w, ls in self.leases.items() if ls}
+        return f"held {held}, waiting {self.waiters}, top token {self.top}"
+
+
+@dataclass
+class LatchModel:
+    """A countdown latch: ``count_down`` lowers the count (never below 0) and
+    returns it; ``wait`` returns True once it is 0; ``try_set_count`` resets it,
+    only while it is 0."""
+
+    count: int
+    waiters: set[str] = field(default_factory=set)
+
+    def count_down(self) -> int:
+        self.count = max(0, self.count - 1)
+        return self.count
+
+    def try_set_count(self, count: int) -> bool:
+        if self.count:
+            return False
+        self.count = count
+        return True
+
+    @property
+    def open(self) -> bool:
+        return self.count == 0
