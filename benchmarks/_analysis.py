@@ -112,3 +112,19 @@ def fairness(counts: Sequence[int]) -> dict[str, Any]:
         "busiest_share": share,
         "busiest_share_x_tasks": share * n if total else math.nan,
     }
+
+
+def check_history(procs: Sequence[dict[str, Any]]) -> list[Any]:
+    """Every process's holds of one round, merged and proved by aiolock's
+    history checker (mutual exclusion and token order across processes).
+    Drops the histories from the results (they are large): the report keeps
+    the verdict."""
+    from aiolock._history import Op, check
+
+    ops = [
+        Op(name, int(token), int(invoked), int(acquired), int(released), who=str(i))
+        for i, r in enumerate(procs)
+        for name, holds in (r.pop("history", None) or {}).items()
+        for invoked, acquired, released, token in holds
+    ]
+    return check(ops)

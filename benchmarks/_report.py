@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import _libs
-from benchmarks._analysis import classify, fairness, handoffs, merge_stats, pct, per_acquisition
+from benchmarks._analysis import (
+    check_history,
+    classify,
+    fairness,
+    handoffs,
+    merge_stats,
+    pct,
+    per_acquisition,
+)
 
 KIB = 1024
 #: Throughput targets against redis-py's default Lock, per variant.
@@ -139,6 +147,7 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
             total_acq = 0
             stats_list = []
             violations = 0
+            history_violations = 0
             tokens_ok = True
             tokens_checked = 0
             cancelled = 0
@@ -157,6 +166,7 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
                 total_acq += f["acquisitions"]
                 stats_list.append(procs[0]["cmdstats"])
                 violations += sum(r["violations"] for r in procs)
+                history_violations += len(check_history(procs))
                 tokens_ok = tokens_ok and all(r["tokens_increasing"] for r in procs)
                 tokens_checked += sum(r["tokens_checked"] for r in procs)
                 cancelled += sum(r["cancelled"] for r in procs)
@@ -168,6 +178,9 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
                 "rounds": rates,
                 "acquisitions": total_acq,
                 "violations": violations,
+                # Every process's holds merged and proved by aiolock's history
+                # checker: mutual exclusion and token order across processes.
+                "history_violations": history_violations if tokens_checked else None,
                 "tokens_increasing": tokens_ok if tokens_checked else None,
                 "cancelled_at_end": cancelled,
                 "connections": conns[-1],
@@ -367,6 +380,11 @@ def _targets(s: dict[str, Any]) -> list[dict[str, Any]]:
         viol = sum(e["violations"] for e in entries.values())
         out.append(_t("Mutual exclusion violations seen in-process", loop, float(viol), 0, "==",
                       str(viol)))  # fmt: skip
+        hist = [e.get("history_violations") for e in entries.values()]
+        if any(h is not None for h in hist):
+            bad = sum(h or 0 for h in hist)
+            out.append(_t("History checker violations across processes", loop, float(bad), 0,
+                          "==", str(bad)))  # fmt: skip
     for loop in loops:
         e = s["scale"].get("aiolock", {}).get(loop)
         if not e:

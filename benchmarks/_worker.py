@@ -376,16 +376,20 @@ async def throughput(
         h = lib.lock(p["key"] if names == 1 else f"{p['key']}:{j}")
         await sleep_until(start_ns)
         while True:
+            invoked = now()
             token = await lib.acquire(h)
+            acquired = now()
             if holders[j] != -1:
                 state["violations"] += 1
             holders[j] = i
+            await asyncio.sleep(0)  # the critical section awaits once
+            holders[j] = -1
             if state["open"]:
                 counts[i] += 1
                 if token is not None:
-                    tokens[j].append((now(), token))
-            await asyncio.sleep(0)  # the critical section awaits once
-            holders[j] = -1
+                    # For the history checker, across processes: (invoked,
+                    # acquired, released, token) of the name's holds.
+                    tokens[j].append((invoked, acquired, now(), token))
             await lib.release(h)
 
     async def meter() -> None:
@@ -414,13 +418,18 @@ async def throughput(
     # The window is over: stop everyone now (waiting for each task to get the
     # lock once more would take seconds with a polling lock and 1,000 tasks).
     cancelled = await finish(tasks, 0)
-    increasing = all(a[1] < b[1] for ts in tokens for a, b in itertools.pairwise(sorted(ts)))
+    increasing = all(
+        a[3] < b[3] for ts in tokens for a, b in itertools.pairwise(sorted(ts, key=lambda t: t[1]))
+    )
     return {
         "counts": counts,
         "elapsed_s": (stats["t1"] - stats["t0"]) / NS,
         "violations": state["violations"],
         "tokens_checked": sum(map(len, tokens)),
         "tokens_increasing": increasing,
+        "history": {
+            p["key"] if names == 1 else f"{p['key']}:{j}": ts for j, ts in enumerate(tokens)
+        },
         "cancelled": cancelled,
         "cmdstats": stats.get("cmdstats", {}),
         "connections": stats.get("connections"),

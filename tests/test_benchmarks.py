@@ -89,6 +89,14 @@ def test_quick_benchmark_writes_results(tmp_path: Path) -> None:
     assert "Redis Cluster: uncontended acquire+release p50 / standalone p50" in cluster
     assert "| uncontended acquire+release p50 (µs) | aiolock |" in cluster
     summary = json.loads((tmp_path / "summary.json").read_text())
+    # The history checker proved every contended aiolock run: its holds,
+    # merged across the worker processes, never overlapped, tokens in order.
+    proved = [
+        entry["history_violations"]
+        for variant in summary["throughput"].values()
+        for entry in variant.get("aiolock", {}).values()
+    ]
+    assert proved and all(v == 0 for v in proved), proved
     fo = summary["cluster"]["failover"]["redis"]
     assert isinstance(fo["write_ok_s"], float), fo
     # The failover section compared replicas=1 with replicas=0 on its master + replica, and

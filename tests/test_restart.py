@@ -6,6 +6,7 @@ the server has not confirmed since the Client's connections were re-established
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from aiolock import Client, Lease, LockLostError, LockNotOwnedError
+from aiolock._history import Op, check
 from tests.core_util import assert_clean, evalsha_calls, eventually
 from tests.servers import RedisServer, ServerProcess
 
@@ -40,7 +42,13 @@ async def test_restart_never_hands_a_local_waiter_a_lower_token(
     ):
         lock_a, lock_b = a.lock("x"), b.lock("x")
         await lock_b.is_locked()  # B is connected before the restart, like A
+        t1_invoked = time.monotonic_ns()
         first = await lock_a.acquire()
+        t1_at = [t1_invoked, time.monotonic_ns(), 0]
+        t1_told: list[int] = []
+        first.on_lost(lambda _: t1_told.append(time.monotonic_ns()))
+        t_at: dict[str, tuple[int, int]] = {}
+        t_released: dict[str, int] = {}
         # Who holds x, in the order they got it: (who, token); "-who" when it left.
         log: list[tuple[str, int]] = []
         inside: set[str] = set()
@@ -52,9 +60,12 @@ async def test_restart_never_hands_a_local_waiter_a_lower_token(
 
         def leave(who: str) -> None:
             inside.discard(who)
+            t_released[who] = time.monotonic_ns()
 
         async def t2() -> int:
+            invoked = time.monotonic_ns()
             lease = await lock_a.acquire()
+            t_at["t2"] = (invoked, time.monotonic_ns())
             enter("t2", lease)
             await asyncio.sleep(0.05)
             leave("t2")
@@ -67,10 +78,13 @@ async def test_restart_never_hands_a_local_waiter_a_lower_token(
 
         fresh_server.restart()  # every key gone, fence counters too
 
+        b_invoked = time.monotonic_ns()
         held_b = await asyncio.wait_for(lock_b.acquire(), 20)
+        b_at = (b_invoked, time.monotonic_ns())
         enter("B", held_b)
         with pytest.raises(LockNotOwnedError):
             await first.release()
+        t1_at[2] = time.monotonic_ns()
         assert first.lost, "t1's lease is reported lost"
         # A buggy local handoff gives t2 the lock within a loop turn of t1's
         # release; give it far more than that to show itself.
@@ -79,6 +93,15 @@ async def test_restart_never_hands_a_local_waiter_a_lower_token(
         await held_b.release()
         t2_token = await asyncio.wait_for(waiter, 20)
 
+        # The same, proved by the history checker over every hold of x: t1's
+        # (lost: the server said not owned), B's and t2's.
+        history = [
+            Op("x", first.fencing_token, t1_at[0], t1_at[1], t1_at[2], lost=t1_told[0],
+               confirmed_gone=True, who="t1"),
+            Op("x", held_b.fencing_token, *b_at, t_released["B"], who="B"),
+            Op("x", t2_token, *t_at["t2"], t_released["t2"], who="t2"),
+        ]  # fmt: skip
+        assert not check(history), check(history)
         assert {who for who, _ in log} == {"t2", "B"}
         tokens = [token for _, token in log]
         assert tokens == sorted(tokens) and len(set(tokens)) == 2, (
