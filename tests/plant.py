@@ -262,12 +262,38 @@ def copy_project(into: Path) -> None:
             shutil.copy(ROOT / name, into / name)
 
 
+#: The stateful tests search deeper here than in the suite (a bug may need a
+#: particular sequence of several steps): examples and steps per machine.
+EXAMPLES = os.environ.get("AIOLOCK_PLANT_EXAMPLES", "30")
+STEPS = os.environ.get("AIOLOCK_PLANT_STEPS", "30")
+
+
 def pytest(into: Path, *args: str) -> tuple[bool, float]:
     """Run pytest in the copy; True if it failed (caught the bug)."""
-    env = dict(os.environ, PYTHONPATH=str(into), PYTHONDONTWRITEBYTECODE="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(into),
+        PYTHONDONTWRITEBYTECODE="1",
+        AIOLOCK_STATEFUL_EXAMPLES=EXAMPLES,
+        AIOLOCK_STATEFUL_STEPS=STEPS,
+        AIOLOCK_STATEFUL_SHRINK="0",  # the time to catch, not to shrink
+    )
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider", *args],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-x",
+            "-q",
+            "-n",
+            "0",
+            "-p",
+            "no:cacheprovider",
+            "--timeout",
+            "1800",
+            *args,
+        ],
         cwd=into,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -16,6 +16,12 @@ the Clients close, nothing is left in Redis but the fencing counter, and
 the history checker (aiolock/_history.py) proves mutual exclusion and
 token order over every exclusive hold.
 
+No rule has a precondition: what Hypothesis draws never depends on the
+state, which may differ between two runs of one sequence (an acquire
+cancelled after n loop turns may or may not have had its reply); a rule
+that does not apply returns at once. (Hypothesis refuses a search whose
+draws change between replays: FlakyStrategyDefinition.)
+
 Hypothesis runs rules synchronously: each rule drives a private event loop
 until the event it waits for (a reply, a park, a grant, a loss report),
 never for a time. ``EVENT`` only bounds an event that never comes.
@@ -35,7 +41,6 @@ import pytest
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     invariant,
-    precondition,
     rule,
 )
 from hypothesis.strategies import integers, sampled_from
@@ -323,14 +328,15 @@ class HoldsMachine(RuleBasedStateMachine):
             return True
         return not self.model.waiters
 
-    @precondition(lambda self: self._may_wait())
     @rule(who=sampled_from(ACTORS), side=sampled_from(("read", "write")))
     @traced
     def wait_for_it(self, who: str, side: str) -> None:
         """An acquire that waits, when the model says it must: it parks."""
         actor = self.actors[who]
         side = self._side(actor, side) if self.kind.name == "rw" else self.kind.sides[0]
-        if actor.waiting is not None or self.model.verdict(who, side) != "busy":
+        if not self._may_wait() or actor.waiting is not None:
+            return
+        if self.model.verdict(who, side) != "busy":
             return
         before = self.waiting_count(actor.owner)
         actor.invoked = time.monotonic_ns()
@@ -363,7 +369,6 @@ class HoldsMachine(RuleBasedStateMachine):
             return
         self.run(actor.do(lambda: actor.leases[-1].extend(seconds)))
 
-    @precondition(lambda self: bool(self.model.waiters))
     @rule(who=sampled_from(ACTORS))
     @traced
     def cancel_a_waiter(self, who: str) -> None:
@@ -476,15 +481,14 @@ class HoldsMachine(RuleBasedStateMachine):
         self.model.force_released()
         self._serve_waiters()
 
-    @precondition(
-        lambda self: self.kind.name in ("lock", "spin", "fair") and not self.model.waiters
-    )
     @rule(thief=sampled_from(ACTORS))
     @traced
     def steal(self, thief: str) -> None:
         """An operator deletes the lock's key (a plain DEL: nobody is told) and
         ``thief`` takes the lock; the old holder's release, before or after
         its Client finds out, says not owned and leaves the thief's hold."""
+        if self.kind.name not in ("lock", "spin", "fair") or self.model.waiters:
+            return
         holders = self.model.holders()
         actor = self.actors[thief]
         if not holders or thief in holders or actor.waiting is not None or self.view is None:
@@ -531,12 +535,13 @@ class HoldsMachine(RuleBasedStateMachine):
             self.run(self.view.aclose())
             self.view = self.run(Server.open(Target(self.urls[0], PREFIX, None, {})))
 
-    @precondition(lambda self: self.fresh is not None)
     @rule()
     @traced
     def restart_server(self) -> None:
         """A restart without persistence: every hold ends (each reported lost),
         and every later token is above every earlier one."""
+        if self.fresh is None:
+            return
         self.fresh.restart()
         self._reopen_view()
         evicted = self.model.holders()
@@ -715,7 +720,6 @@ class LatchMachine(RuleBasedStateMachine):
         self.until(lambda: self.waiting_count(actor) > before, f"{who} parked")
         assert not fut.done(), f"{who} passed a latch at {self.model.count}"
 
-    @precondition(lambda self: bool(self.model.waiters))
     @rule(who=sampled_from(ACTORS))
     @traced
     def cancel_a_waiter(self, who: str) -> None:
