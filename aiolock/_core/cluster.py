@@ -68,7 +68,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
-from .connection import CommandConnection, Orphan
+from .connection import CommandConnection, Orphan, SafeCalls, reply_future
 from .errors import (
     AiolockError,
     ClientClosedError,
@@ -289,7 +289,7 @@ class Topology:
         await stop(self._refreshing)
 
 
-class ClusterMux:
+class ClusterMux(SafeCalls):
     """One lane (the commands, or the renewals) over every master of a cluster.
 
     The same interface as one ``CommandConnection`` (``submit``, ``send``,
@@ -366,32 +366,12 @@ class ClusterMux:
     # -- commands ----------------------------------------------------------------------------
 
     def submit(self, *args: Any, orphan: Orphan | None = None) -> asyncio.Future[Any]:
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-        def done(reply: Any, error: BaseException | None) -> None:
-            if fut.cancelled():
-                if orphan is not None:
-                    orphan(reply, error)
-            elif error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(reply)
-
+        fut, done = reply_future(orphan)
         self._dispatch(args, done, fut.cancelled)
         return fut
 
     def send(self, *args: Any, callback: Orphan) -> None:
         self._dispatch(args, callback, None)
-
-    async def call(self, *args: Any, orphan: Orphan | None = None) -> Any:
-        fut = self.submit(*args, orphan=orphan)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            if orphan is not None and fut.done() and not fut.cancelled():
-                exc = fut.exception()
-                orphan(None if exc is not None else fut.result(), exc)
-            raise
 
     def _dispatch(
         self, args: tuple[Any, ...], done: Orphan, gone: Callable[[], bool] | None
