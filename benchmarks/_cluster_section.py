@@ -36,7 +36,7 @@ from benchmarks import _libs
 from benchmarks._cluster import LocalCluster, failover_probe, valkey_binary
 
 if TYPE_CHECKING:
-    from benchmarks.run import Orchestrator, Target
+    from benchmarks._orchestra import Orchestrator, Target
 
 #: Server kinds a cluster can be started from (the default run starts the first two).
 #: ``redis-noreplicas``, 3 masters and no replica, is a diagnostic: on a machine with
@@ -96,7 +96,7 @@ async def run_section(
     key: str,
     record: Record,
 ) -> None:
-    from benchmarks.run import Target, rotate
+    from benchmarks._orchestra import Target, rotate
 
     targets = [orch.standalone]
     for kind, cluster in clusters.items():

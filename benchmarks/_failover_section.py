@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 from benchmarks import _failover
 
 if TYPE_CHECKING:
+    from benchmarks._orchestra import Orchestrator
     from benchmarks._server import Server
-    from benchmarks.run import Orchestrator
 
 Record = Callable[[str, str, str, str, int, Any], None]
 #: The Redlock peers (and aiolock), in display order.
@@ -81,7 +81,7 @@ async def run_section(
     record: Record,
     binary: str | None,
 ) -> None:
-    from benchmarks.run import Target, rotate
+    from benchmarks._orchestra import Target, rotate
 
     if "aiolock" not in libs:
         return

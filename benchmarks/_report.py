@@ -22,6 +22,7 @@ from benchmarks._analysis import (
     pct,
     per_acquisition,
 )
+from benchmarks._report_fmt import _div, _f, _met, _t
 
 KIB = 1024
 #: Throughput targets against redis-py's default Lock, per variant.
@@ -246,12 +247,6 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
     return s
 
 
-def _div(a: float, b: float) -> float:
-    if not b or math.isnan(b) or math.isnan(a):
-        return math.inf if b == 0 and a > 0 else math.nan
-    return a / b
-
-
 def _ratios(s: dict[str, Any]) -> None:
     floor = s["floor"]
     for loops in s["uncontended"].values():
@@ -285,38 +280,6 @@ def _ratios(s: dict[str, Any]) -> None:
                 e["x_redispy"] = _div(e["acq_per_s"], ref["acq_per_s"] if ref else math.nan)
                 e["x_best_peer"] = _div(e["acq_per_s"], best_peer)
                 e["x_ceiling"] = _div(e["acq_per_s"], ceiling["acq_per_s"] if ceiling else math.nan)
-
-
-def _t(
-    target: str, loop: str, measured: float | None, limit: float, op: str, show: str, note: str = ""
-) -> dict[str, Any]:
-    if measured is None or (isinstance(measured, float) and math.isnan(measured)):
-        met: bool | None = None
-        margin = "not measured"
-    else:
-        if op == "<=":
-            met = measured <= limit
-        elif op == "<":
-            met = measured < limit
-        elif op == ">=":
-            met = measured >= limit
-        else:
-            met = measured == limit
-        if op in ("<=", "<") and limit:
-            margin = f"{measured / limit:.2f}x the limit"
-        elif op == ">=" and limit:
-            margin = f"{measured / limit:.2f}x the minimum"
-        else:
-            margin = ""
-    return {
-        "target": target,
-        "loop": loop,
-        "measured": show,
-        "required": f"{op} {limit:g}",
-        "met": met,
-        "margin": margin,
-        "note": note,
-    }
 
 
 def _targets(s: dict[str, Any]) -> list[dict[str, Any]]:
@@ -421,18 +384,6 @@ def _targets(s: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------- markdown
-
-
-def _f(x: Any, fmt: str = ".0f") -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float) and math.isnan(x):
-        return "–"
-    return format(x, fmt)
-
-
-def _met(m: bool | None) -> str:
-    return "n/a" if m is None else ("**met**" if m else "**NOT met**")
 
 
 def _order(libs: dict[str, Any]) -> list[str]:

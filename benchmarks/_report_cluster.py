@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks._report import _div, _f, _met, _t
+from benchmarks._report_fmt import _div, _f, _met, _t
 
 #: (scenario in the cluster section, scenario and variant for the standalone summariser)
 MAPPED = {

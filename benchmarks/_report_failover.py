@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._analysis import pct
-from benchmarks._report import _div, _f, _met, _t
+from benchmarks._report_fmt import _div, _f, _met, _t
 
 #: (scenario in the failover section, scenario and variant for the standalone summariser)
 REPLICAS = {

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _analysis, run
+from benchmarks import _analysis, _orchestra
 from benchmarks._server import Server
 
 #: Sizes of the contended cells (tasks on one lock, one process).
@@ -98,7 +98,7 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
         try:
             import uvloop  # noqa: F401
         except ImportError:
-            run.log("uvloop is not installed: asyncio loop")
+            _orchestra.log("uvloop is not installed: asyncio loop")
             cfg["loop"] = "asyncio"
     if args.no_memory:
         cfg["memory"]["rounds"] = 0
@@ -106,7 +106,7 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def cell(
-    worker: run.Worker, url: str, admin: Any, scenario: str, lib: str, loop: str,
+    worker: _orchestra.Worker, url: str, admin: Any, scenario: str, lib: str, loop: str,
     params: dict[str, Any], timeout: float = 120.0,
 ) -> dict[str, Any]:  # fmt: skip
     """One scenario in one worker; its result, or {"error": ...}."""
@@ -117,12 +117,12 @@ async def cell(
             "scenario": scenario, "lib": lib, "loop": loop, "params": params}  # fmt: skip
     try:
         await worker.send(spec)
-        ready = await worker.recv(run.READY_TIMEOUT)
+        ready = await worker.recv(_orchestra.READY_TIMEOUT)
         if "error" in ready:
             raise RuntimeError(ready["error"])
         await worker.send({"go": True, "start_ns": time.monotonic_ns() + 50_000_000})
         reply = await worker.recv(timeout)
-    except (TimeoutError, run.WorkerDied, RuntimeError, OSError, ValueError) as exc:
+    except (TimeoutError, _orchestra.WorkerDied, RuntimeError, OSError, ValueError) as exc:
         await worker.kill()
         return {"error": ("timed out" if isinstance(exc, TimeoutError) else str(exc))[-1500:]}
     if "error" in reply:
@@ -172,13 +172,14 @@ async def _execute(
     variants: list[tuple[str, Path]], cfg: dict[str, Any], server: Server, logdir: Path
 ) -> dict[str, Any]:
     url = server.url
-    admin = run.Target("standalone", url).admin
-    run.log(f"redis-server {server.info().get('redis_version')} on {url}")
+    admin = _orchestra.Target("standalone", url).admin
+    _orchestra.log(f"redis-server {server.info().get('redis_version')} on {url}")
     loop = cfg["loop"]
     workers = {
-        label: run.Worker(f"cmp{i}", logdir, root) for i, (label, root) in enumerate(variants)
+        label: _orchestra.Worker(f"cmp{i}", logdir, root)
+        for i, (label, root) in enumerate(variants)
     }
-    workers[ASYNCIO] = run.Worker("cmp-asyncio", logdir, variants[0][1])
+    workers[ASYNCIO] = _orchestra.Worker("cmp-asyncio", logdir, variants[0][1])
     await asyncio.gather(*(w.start() for w in workers.values()))
     labels = [label for label, _ in variants]
     # rounds[r][label] = {figure: value}
@@ -191,7 +192,7 @@ async def _execute(
         if scenario == "scale":
             fresh[0] += 1
             root = dict(variants)[label]
-            worker = run.Worker(f"cmp-fresh{fresh[0]}", logdir, root)
+            worker = _orchestra.Worker(f"cmp-fresh{fresh[0]}", logdir, root)
             await worker.start()
             try:
                 result = await cell(worker, url, admin, scenario, lib, loop, params, 300.0)
@@ -201,20 +202,20 @@ async def _execute(
             result = await cell(workers[label], url, admin, scenario, lib, loop, params)
         if "error" in result:
             errors.append(f"{label} {scenario} {size or ''}: {result['error']}")
-            run.log(errors[-1])
+            _orchestra.log(errors[-1])
         rounds[-1].setdefault(label, {}).update(figures(scenario, lib, result, size))
 
     t0 = time.monotonic()
     for rnd in range(cfg["rounds"]):
         rounds.append({})
-        order = run.rotate(labels, rnd)
+        order = _orchestra.rotate(labels, rnd)
         key = f"cmp:{rnd}"
         for label in order:
             await one(label, "uncontended", {**cfg["uncontended"], "key": f"{key}:u"})
         for label in order:
             await one(label, "handoff", {**cfg["handoff"], "key": f"{key}:h"})
         for size in SIZES:
-            for label in run.rotate([*labels, ASYNCIO], rnd):
+            for label in _orchestra.rotate([*labels, ASYNCIO], rnd):
                 p = {**cfg["throughput"], "tasks": size, "pool": size, "key": f"{key}:t{size}"}
                 await one(label, "throughput", p, size)
         if rnd < cfg["memory"]["rounds"]:
@@ -224,7 +225,7 @@ async def _execute(
                      "cancel_cap": 30.0, "drain_cap": 60.0, "leftover_wait": 0.1,
                      "lease": 300.0, "key": f"{key}:m"}  # fmt: skip
                 await one(label, "scale", p)
-        run.log(f"round {rnd + 1}/{cfg['rounds']} done ({time.monotonic() - t0:.0f} s)")
+        _orchestra.log(f"round {rnd + 1}/{cfg['rounds']} done ({time.monotonic() - t0:.0f} s)")
     await asyncio.gather(*(w.close() for w in workers.values()))
     admin.close()
     return {"rounds": rounds, "errors": errors, "wall_s": time.monotonic() - t0}
@@ -339,16 +340,18 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
         for ref in [args.against, *args.compare]:
             if ref is None or ref == ".":
                 label = "work tree"
-                variants.append((label, run.ROOT))
-                sources[label] = run.describe_source(run.ROOT, None, None)
+                variants.append((label, _orchestra.ROOT))
+                sources[label] = _orchestra.describe_source(_orchestra.ROOT, None, None)
                 continue
-            root, sha = run.export_aiolock(ref)
+            root, sha = _orchestra.export_aiolock(ref)
             exports.append(root)
             label = ref if ref not in sources else f"{ref}#{len(variants)}"
             variants.append((label, root))
             sources[label] = f"git {ref} = {sha[:12]}"
         logdir = Path(tempfile.mkdtemp(prefix="aiolock-bench-logs-"))
-        run.log(f"comparing {', '.join(sources[lb] for lb, _ in variants)}; logs in {logdir}")
+        _orchestra.log(
+            f"comparing {', '.join(sources[lb] for lb, _ in variants)}; logs in {logdir}"
+        )
         raw = asyncio.run(execute(variants, cfg, args.server, logdir))
     finally:
         for root in exports:
@@ -366,5 +369,5 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
     (out / "COMPARE.md").write_text(text)
     (out / "compare.json").write_text(json.dumps({**raw, "summary": summary}, indent=1))
     print(text)
-    run.log(f"wrote {out / 'COMPARE.md'} in {raw['wall_s']:.0f} s")
+    _orchestra.log(f"wrote {out / 'COMPARE.md'} in {raw['wall_s']:.0f} s")
     return 1 if raw["errors"] else 0

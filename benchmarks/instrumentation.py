@@ -75,9 +75,7 @@ class Variant:
         self.cpu: list[float] = []  # per round, this process's CPU µs per cycle
 
 
-async def cycles(
-    variant: Variant, seconds: float, max_cycles: int
-) -> tuple[float, float, float]:
+async def cycles(variant: Variant, seconds: float, max_cycles: int) -> tuple[float, float, float]:
     """Acquire + release for ``seconds``: (p50 µs, cycles per second, CPU µs per cycle)."""
     lock = variant.lock
     samples: list[int] = []

@@ -20,7 +20,7 @@ import os
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import pytest
 
@@ -123,50 +123,61 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 # --------------------------------------------------------------------------- servers
 
 
-class _ServerPool:
-    """One shared server per backend, started on first use, stopped at session end."""
+K = TypeVar("K")
+V = TypeVar("V")
 
-    def __init__(self) -> None:
-        self._servers: dict[str, RedisServer] = {}
-        self._failures: dict[str, BaseException] = {}
 
-    def get(self, name: str) -> RedisServer:
-        if name in self._servers:
-            return self._servers[name]
-        if name in self._failures:  # don't retry a 30 s start timeout for every test
-            raise RuntimeError(f"shared {name} server failed to start earlier") from (
-                self._failures[name]
+class _Pool(Generic[K, V]):
+    """Shared test servers, one per key (a backend), started on first use by
+    ``start`` and stopped at session end. A start that failed is not retried
+    for every test (a 30 s start timeout would be paid each time); a skip or a
+    pytest failure is not remembered."""
+
+    def __init__(self, what: str, start: Callable[[K], V]) -> None:
+        self._what, self._start = what, start
+        self._made: dict[K, V] = {}
+        self._failures: dict[K, BaseException] = {}
+
+    def get(self, key: K) -> V:
+        if key in self._made:
+            return self._made[key]
+        if key in self._failures:
+            raise RuntimeError(f"shared {key} {self._what} failed to start earlier") from (
+                self._failures[key]
             )
         try:
-            server = self._start(name)
+            made = self._start(key)
         except BaseException as exc:
             if not isinstance(exc, (pytest.fail.Exception, pytest.skip.Exception)):
-                self._failures[name] = exc
+                self._failures[key] = exc
             raise
-        self._servers[name] = server
-        return server
-
-    def _start(self, name: str) -> RedisServer:
-        mode = _mode()
-        if mode == "external":
-            return RedisServer.from_url(os.environ[URL_ENV])
-        kind: ServerKind = "valkey" if name == "valkey" else "redis"
-        if mode == "docker":
-            return ContainerServer(kind)
-        binary = _require_binary(kind)
-        server = ServerProcess(kind, binary)
-        server.start()
-        return server
+        self._made[key] = made
+        return made
 
     def close(self) -> None:
-        servers, self._servers = self._servers, {}
-        for server in servers.values():
-            server.stop()
+        made, self._made = self._made, {}
+        for thing in made.values():
+            thing.stop()
+
+
+def _start_server(name: str) -> RedisServer:
+    mode = _mode()
+    if mode == "external":
+        return RedisServer.from_url(os.environ[URL_ENV])
+    kind: ServerKind = "valkey" if name == "valkey" else "redis"
+    if mode == "docker":
+        return ContainerServer(kind)
+    server = ServerProcess(kind, _require_binary(kind))
+    server.start()
+    return server
+
+
+_ServerPool = _Pool[str, RedisServer]
 
 
 @pytest.fixture(scope="session")
 def _server_pool() -> Iterator[_ServerPool]:
-    pool = _ServerPool()
+    pool: _ServerPool = _Pool("server", _start_server)
     try:
         yield pool
     finally:
@@ -225,42 +236,22 @@ def _require_cluster_mode() -> None:
         pytest.skip(f"cluster tests need local server processes, but {BACKEND_ENV}=docker")
 
 
-class _ClusterPool:
-    """One shared cluster per backend, started on first use, stopped at session end."""
+def _start_cluster(kind: ServerKind) -> ClusterProcess:
+    _require_cluster_mode()
+    # The shared cluster is never faulted on purpose: a node timeout of 5 s
+    # (not the fault tests' 1 s) keeps a CPU-starved CI machine from
+    # failing a master over under a test's feet.
+    cluster = ClusterProcess(kind, _require_binary(kind), node_timeout_ms=5000)
+    cluster.start()
+    return cluster
 
-    def __init__(self) -> None:
-        self._clusters: dict[ServerKind, ClusterProcess] = {}
-        self._failures: dict[ServerKind, BaseException] = {}
 
-    def get(self, kind: ServerKind) -> ClusterProcess:
-        if kind in self._clusters:
-            return self._clusters[kind]
-        if kind in self._failures:  # don't retry a failed formation for every test
-            raise RuntimeError(f"shared {kind} cluster failed to start earlier") from (
-                self._failures[kind]
-            )
-        _require_cluster_mode()
-        # The shared cluster is never faulted on purpose: a node timeout of 5 s
-        # (not the fault tests' 1 s) keeps a CPU-starved CI machine from
-        # failing a master over under a test's feet.
-        cluster = ClusterProcess(kind, _require_binary(kind), node_timeout_ms=5000)
-        try:
-            cluster.start()
-        except BaseException as exc:
-            self._failures[kind] = exc
-            raise
-        self._clusters[kind] = cluster
-        return cluster
-
-    def close(self) -> None:
-        clusters, self._clusters = self._clusters, {}
-        for cluster in clusters.values():
-            cluster.stop()
+_ClusterPool = _Pool[ServerKind, ClusterProcess]
 
 
 @pytest.fixture(scope="session")
 def _cluster_pool() -> Iterator[_ClusterPool]:
-    pool = _ClusterPool()
+    pool: _ClusterPool = _Pool("cluster", _start_cluster)
     try:
         yield pool
     finally:
@@ -474,31 +465,21 @@ def replicated_pair(_replicated_pairs: ReplicatedPair) -> ReplicatedPair:
 # The Sentinel set fixtures: tests/sentinel_servers.py.
 
 
-class _SentinelPool:
-    """One shared Sentinel set per backend, started on first use, stopped at session end."""
+def _start_sentinel_set(kind: ServerKind) -> Any:
+    from tests.sentinel_servers import SentinelSet
 
-    def __init__(self) -> None:
-        self._sets: dict[ServerKind, Any] = {}
+    _require_cluster_mode()  # local processes only, as a cluster
+    sentinel_set = SentinelSet(kind, _require_binary(kind))
+    sentinel_set.start()
+    return sentinel_set
 
-    def get(self, kind: ServerKind) -> Any:
-        from tests.sentinel_servers import SentinelSet
 
-        if kind not in self._sets:
-            _require_cluster_mode()  # local processes only, as a cluster
-            sentinel_set = SentinelSet(kind, _require_binary(kind))
-            sentinel_set.start()
-            self._sets[kind] = sentinel_set
-        return self._sets[kind]
-
-    def close(self) -> None:
-        sets, self._sets = self._sets, {}
-        for sentinel_set in sets.values():
-            sentinel_set.stop()
+_SentinelPool = _Pool[ServerKind, Any]
 
 
 @pytest.fixture(scope="session")
 def _sentinel_pool() -> Iterator[_SentinelPool]:
-    pool = _SentinelPool()
+    pool: _SentinelPool = _Pool("Sentinel set", _start_sentinel_set)
     try:
         yield pool
     finally:

@@ -195,16 +195,18 @@ async def test_cluster_discovery_and_node_connections(cluster: Any) -> None:
     )
     seed = RedisCluster.from_url(cluster.url)
     try:
-        manager = seed.nodes_manager
-        await seed.initialize()  # (the first time; later refreshes: manager.initialize())
-        await manager.initialize()
-        cache = manager.slots_cache
-        assert len(cache) == 16384, f"{REDIS_PY}: slots_cache no longer maps every slot"
         slot = key_slot(b"aiolock:{compat}")
-        node = cache[slot][0]
         expected = cluster.master_for_slot(slot)
-        assert node.name == f"127.0.0.1:{expected.port}", (
-            f"{REDIS_PY}: slots_cache[slot][0] is no longer the slot's master"
+        for first in (True, False):  # the first read, and a refresh
+            masters = await redis_compat.read_slot_map(seed, first)
+            assert len(masters) == 16384, f"{REDIS_PY}: slots_cache no longer maps every slot"
+            node = masters[slot]
+            assert node.name == f"127.0.0.1:{expected.port}", (
+                f"{REDIS_PY}: slots_cache[slot][0] is no longer the slot's master"
+            )
+        made = redis_compat.cluster_node(seed, "127.0.0.1", expected.port)
+        assert made.name == node.name and made.connection_kwargs == node.connection_kwargs, (
+            f"{REDIS_PY}: nodes_manager.connection_kwargs no longer make a node like the map's"
         )
         conn = redis_compat.node_connection_factory(node, NAME)()
         assert conn.client_name == NAME and conn.protocol == 2 and conn.socket_timeout is None

@@ -475,7 +475,6 @@ async def test_refused_script_changes_nothing(
 # The batch renewals never fail: (script, ARGV after lease_ms for two entries).
 RENEWALS = [
     ("renew", ("ab:1", "1", "ab:2", "2")),
-    ("fair_renew", ("ab:1:1:1:1:p", "1", "ab:2:1:1:1:p", "2")),
     ("rw_renew", ("w", "ab:1", "1", "r", "ab:2", "2")),
     ("sem_renew", ("1|ab", "1|cd")),
     ("fair_live", ("ab", "cd")),
@@ -496,7 +495,7 @@ async def test_renewal_never_fails_on_a_key_of_another_type(
 
 
 # Scripts that only read (their snippets' write helpers are never called).
-READ_ONLY = {"owned", "fair_owned", "rw_owned", "rw_state"}
+READ_ONLY = {"owned", "rw_owned", "rw_state"}
 
 
 #: How a script's own code may begin: a type check of its keys (_types.lua),

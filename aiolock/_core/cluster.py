@@ -68,7 +68,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
-from .connection import CommandConnection, Orphan
+from .connection import CommandConnection, Orphan, SafeCalls, reply_future
 from .errors import (
     AiolockError,
     ClientClosedError,
@@ -81,7 +81,7 @@ from .errors import (
 from .futures import retrieve, stop
 from .listener import Channel, Listener
 from .outage import Outage
-from .redis_compat import ConnectionFactory, node_connection_factory
+from .redis_compat import ConnectionFactory, cluster_node, node_connection_factory, read_slot_map
 
 __all__ = [
     "MAX_REDIRECTS",
@@ -168,9 +168,7 @@ class Topology:
         node = self._nodes.get(name)
         if node is None:
             host, _, port = name.rpartition(":")
-            node = self._nodes[name] = ClusterNode(
-                host, int(port), **self._cluster.nodes_manager.connection_kwargs
-            )
+            node = self._nodes[name] = cluster_node(self._cluster, host, int(port))
         factory = self._factories[name] = node_connection_factory(node, self._client_name)
         return factory
 
@@ -219,17 +217,10 @@ class Topology:
         return task
 
     async def _refresh(self) -> None:
-        manager = self._cluster.nodes_manager
         try:
             # Bounded: a paused seed node would hold redis-py's discovery for ever.
             async with asyncio.timeout(self.timeout):
-                if self.refreshes == 0:
-                    # The public initialize() (a no-op if the user's client ran it):
-                    # it also marks the client initialized, so that its
-                    # aclose() closes the node connections discovery opened.
-                    await self._cluster.initialize()
-                else:
-                    await manager.initialize()
+                masters = await read_slot_map(self._cluster, first=self.refreshes == 0)
         except Exception as exc:  # redis-py's RedisClusterException is no RedisError
             refusal = _refusal(exc)
             if isinstance(refusal, NoPermissionError):
@@ -251,10 +242,9 @@ class Topology:
                 "Check that the cluster is up and reachable from here; aiolock retries"
             ) from exc
         slots: list[str | None] = [None] * 16384
-        for slot, nodes in manager.slots_cache.items():
-            if nodes:
-                slots[slot] = nodes[0].name
-                self._nodes.setdefault(nodes[0].name, nodes[0])
+        for slot, node in masters.items():
+            slots[slot] = node.name
+            self._nodes.setdefault(node.name, node)
         # A MOVED of the last second beats a map that says otherwise: the node
         # the map was read from may not have heard of the move yet (a slot's
         # new owner spreads by gossip). Read again a moment later.
@@ -289,7 +279,7 @@ class Topology:
         await stop(self._refreshing)
 
 
-class ClusterMux:
+class ClusterMux(SafeCalls):
     """One lane (the commands, or the renewals) over every master of a cluster.
 
     The same interface as one ``CommandConnection`` (``submit``, ``send``,
@@ -366,32 +356,12 @@ class ClusterMux:
     # -- commands ----------------------------------------------------------------------------
 
     def submit(self, *args: Any, orphan: Orphan | None = None) -> asyncio.Future[Any]:
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-        def done(reply: Any, error: BaseException | None) -> None:
-            if fut.cancelled():
-                if orphan is not None:
-                    orphan(reply, error)
-            elif error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(reply)
-
+        fut, done = reply_future(orphan)
         self._dispatch(args, done, fut.cancelled)
         return fut
 
     def send(self, *args: Any, callback: Orphan) -> None:
         self._dispatch(args, callback, None)
-
-    async def call(self, *args: Any, orphan: Orphan | None = None) -> Any:
-        fut = self.submit(*args, orphan=orphan)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            if orphan is not None and fut.done() and not fut.cancelled():
-                exc = fut.exception()
-                orphan(None if exc is not None else fut.result(), exc)
-            raise
 
     def _dispatch(
         self, args: tuple[Any, ...], done: Orphan, gone: Callable[[], bool] | None

@@ -103,7 +103,52 @@ class Lane(Protocol):
     async def aclose(self) -> None: ...
 
 
-class CommandConnection:
+class SafeCalls:
+    """The cancellation-safe ``call`` of every lane (a standalone connection,
+    a cluster's mux, an acknowledged connection): written once here.
+
+    A lane's ``submit(*args, orphan=)`` sends at once and returns the reply's
+    future; if that future is cancelled before the reply, ``orphan`` gets the
+    reply. ``call`` awaits it, and covers the one gap the lane cannot see: a
+    reply that arrived in the loop iteration the caller was cancelled in (the
+    future was done, not cancelled, so the lane did not call ``orphan``).
+    """
+
+    __slots__ = ()
+
+    def submit(self, *args: Any, orphan: Orphan | None = None) -> asyncio.Future[Any]:
+        raise NotImplementedError
+
+    async def call(self, *args: Any, orphan: Orphan | None = None) -> Any:
+        """Submit a command and wait for its reply (see ``submit`` for ``orphan``)."""
+        fut = self.submit(*args, orphan=orphan)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if orphan is not None and fut.done() and not fut.cancelled():
+                exc = fut.exception()
+                orphan(None if exc is not None else fut.result(), exc)
+            raise
+
+
+def reply_future(orphan: Orphan | None) -> tuple[asyncio.Future[Any], Orphan]:
+    """A reply future and the callback that settles it, for a lane that is
+    given callbacks: a reply for a cancelled future goes to ``orphan``."""
+    fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def done(reply: Any, error: BaseException | None) -> None:
+        if fut.cancelled():
+            if orphan is not None:
+                orphan(reply, error)
+        elif error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(reply)
+
+    return fut, done
+
+
+class CommandConnection(SafeCalls):
     """A lazily connected, pipelined, cancellation-safe command connection."""
 
     def __init__(
@@ -198,19 +243,6 @@ class CommandConnection:
             return
         link.transport.write(pack(args))
         self._queued(None, callback)
-
-    async def call(self, *args: Any, orphan: Orphan | None = None) -> Any:
-        """Submit a command and wait for its reply (see :meth:`submit` for ``orphan``)."""
-        fut = self.submit(*args, orphan=orphan)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            # The reply may have arrived in the same loop iteration as the
-            # cancellation: then the reader did not see a cancelled future.
-            if orphan is not None and fut.done() and not fut.cancelled():
-                exc = fut.exception()
-                orphan(None if exc is not None else fut.result(), exc)
-            raise
 
     def _queued(self, fut: asyncio.Future[Any] | None, orphan: Orphan | None) -> None:
         self._pending.append((fut, orphan))

@@ -28,6 +28,12 @@ The contact:
   checks such a connection's ROLE after the handshake (a Sentinel may name
   a master that has just been demoted, or not yet be told of a failover).
 
+* Cluster mode (``cluster``'s ``Topology``): a ``redis.asyncio.RedisCluster``'s
+  ``nodes_manager`` (public attribute, undocumented) gives the node settings
+  (``connection_kwargs``) and, after ``initialize()``, the slot map
+  (``slots_cache``: slot -> [primary, replicas...]). ``cluster_node`` and
+  ``read_slot_map`` are the only readers of them.
+
 ``tests/test_redis_compat.py`` checks each of these against real servers, so
 that a redis-py release that changes one fails there, naming it, rather than
 somewhere deep in a lock test.
@@ -42,7 +48,7 @@ from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.sentinel import (
     MasterNotFoundError,
@@ -293,3 +299,23 @@ async def disconnect(conn: AbstractConnection) -> None:
     transport, redis-py's stream never learns that it closed, so waiting for
     that would wait for ever."""
     await conn.disconnect(nowait=True)
+
+
+def cluster_node(cluster: RedisCluster, host: str, port: int) -> ClusterNode:
+    """A ``ClusterNode`` for ``host:port`` with the cluster client's settings
+    (TLS, credentials, timeouts): for a node its slot map does not list yet."""
+    return ClusterNode(host, port, **cluster.nodes_manager.connection_kwargs)
+
+
+async def read_slot_map(cluster: RedisCluster, first: bool) -> dict[int, ClusterNode]:
+    """Ask the cluster for its slot map (``CLUSTER SLOTS`` on the known nodes);
+    returns each served slot's master. ``first``: the public ``initialize()``
+    (a no-op if the user's client ran it), which also marks the client
+    initialized so that its ``aclose()`` closes the connections discovery
+    opened; later: the nodes manager's own ``initialize()`` (reads it again)."""
+    manager = cluster.nodes_manager
+    if first:
+        await cluster.initialize()
+    else:
+        await manager.initialize()
+    return {slot: nodes[0] for slot, nodes in manager.slots_cache.items() if nodes}

@@ -61,7 +61,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .connection import CommandConnection, Orphan
+from .connection import CommandConnection, Orphan, reply_future
 from .errors import (
     AiolockError,
     ReplicationError,
@@ -221,17 +221,7 @@ class AckedConnection(CommandConnection):
     def submit(self, *args: Any, orphan: Orphan | None = None) -> asyncio.Future[Any]:
         if args[0] != b"EVALSHA":
             return super().submit(*args, orphan=orphan)
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-        def done(reply: Any, error: BaseException | None) -> None:
-            if fut.cancelled():
-                if orphan is not None:
-                    orphan(reply, error)
-            elif error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(reply)
-
+        fut, done = reply_future(orphan)
         self.send(*args, callback=done)
         return fut
 

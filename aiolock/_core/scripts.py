@@ -46,18 +46,21 @@ __all__ = [
 ]
 
 
-#: The watchdog's batch scripts: one key per renewed item (of many names),
-#: the same per-item result. In cluster mode each also has a *node form*
-#: (``name + NODE``, see ``_node_source``) that renews the items of many
-#: slots of one node in one call.
-RENEWALS = frozenset({"renew", "fair_renew", "fair_live", "rw_renew", "rw_renew_wait", "sem_renew"})
-#: Scripts that take keys of many names. In cluster mode they run with the
-#: ``allow-cross-slot-keys`` flag. Note what the flag allows: a script may
-#: *access* keys of other slots of its node that it did not declare; its
-#: declared KEYS must still share one slot (else CROSSSLOT, flag or not). So
-#: a call that spans slots declares one key and passes the others in ARGV
-#: (the renewals' node form).
-CROSS_SLOT = RENEWALS | {"multi_acquire"}
+def _runner_tags(name: str) -> frozenset[str]:
+    """What a script's header tells the runner: its ``--@runner`` line's words
+    (``renewal``, ``cross-slot``). The runner names no primitive: a script
+    declares what it needs."""
+    text = resources.files("aiolock").joinpath("scripts", f"{name}.lua").read_text("utf-8")
+    for line in text.splitlines():
+        if line.startswith("--@runner "):
+            return frozenset(w for w in line.split("(", 1)[0].split()[1:])
+    return frozenset()
+
+
+def _tagged(tag: str) -> frozenset[str]:
+    return frozenset(name for name in script_names() if tag in _runner_tags(name))
+
+
 #: The suffix of a renewal script's node form (cluster mode): ``"renew@node"``.
 NODE = "@node"
 # The node form's preamble: KEYS[1] (declared: it routes the call), ARGV[1] =
@@ -156,6 +159,20 @@ def script_names() -> list[str]:
         for entry in folder.iterdir()
         if entry.name.endswith(".lua") and not entry.name.startswith("_")
     )
+
+
+#: The watchdog's batch scripts (``--@runner renewal``): one key per renewed
+#: item (of many names), the same per-item result. In cluster mode each also
+#: has a *node form* (``name + NODE``, see ``_node_source``) that renews the
+#: items of many slots of one node in one call.
+RENEWALS = _tagged("renewal")
+#: Scripts that take keys of many names (the renewals, and ``--@runner
+#: cross-slot``). In cluster mode they run with the ``allow-cross-slot-keys``
+#: flag. Note what the flag allows: a script may *access* keys of other slots
+#: of its node that it did not declare; its declared KEYS must still share one
+#: slot (else CROSSSLOT, flag or not). So a call that spans slots declares one
+#: key and passes the others in ARGV (the renewals' node form).
+CROSS_SLOT = RENEWALS | _tagged("cross-slot")
 
 
 def load_scripts(*names: str, cluster: bool = False) -> dict[str, Script]:

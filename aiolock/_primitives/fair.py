@@ -354,7 +354,7 @@ class FairLock(SingleHolder):
 
     _kind = "fair lock"
     kind = "fair_lock"
-    _owned_script = "fair_owned"
+    _owned_script = "owned"  # (the same hash layout as a lock's: wid -> 1, ~fence)
 
     def _owned_args(self, hold: Hold) -> tuple[Any, ...]:
         return (hold.owner, hold.token)
@@ -473,7 +473,7 @@ class FairLock(SingleHolder):
                 self._names.all,
                 (wid, token, engine.retention_ms, *self._names.templates),
             ),
-            renew=("fair_renew", self._key, (wid, token)),
+            renew=("renew", self._key, (wid, token)),
             on_detach=state.hold_ended,
             kind=self.kind,
         )

@@ -10,13 +10,23 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Protocol, TextIO
 
-from aiolock.cli.ops import LS_HEADER, Target, ls_rows, shown_url, waiting_legend
 from aiolock.cli.ops_state import Primitive
+from aiolock.cli.ops_text import LS_HEADER, ls_rows, shown_url, waiting_legend
 
 if TYPE_CHECKING:
     from rich.live import Live
 
-__all__ = ["PlainView", "RichView", "View", "make_view"]
+__all__ = ["PlainView", "RichView", "Target", "View", "make_view"]
+
+
+class Target(Protocol):
+    """Where ``top`` looks (``ops.Target``): its URL and key prefix."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def prefix(self) -> str: ...
 
 
 class View(Protocol):

@@ -32,6 +32,7 @@
 -- A script may only declare keys of one slot in Redis Cluster (even with
 -- allow-cross-slot-keys): in cluster mode the client sends this script only
 -- for locks whose names share a slot (multi.py takes the other parts one by one).
+--@runner cross-slot (takes keys of many names: allow-cross-slot-keys in a cluster)
 --@include _clock.lua
 --@include _fence.lua
 --@include _wake.lua

@@ -1,7 +1,8 @@
--- owned: does this owner still hold the lock with this token?
+-- owned: does this owner (a lock's owner, a fair lock's wid) still hold the
+-- lock with this token?
 --
 -- KEYS[1]  lock hash  <prefix>:{<name>}
--- ARGV[1]  owner
+-- ARGV[1]  holder field: the owner (lock), or the waiter id (fair lock)
 -- ARGV[2]  token
 --
 -- Returns the remaining TTL in ms (-1 if the hash has no TTL) when the hold is
