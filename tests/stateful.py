@@ -300,6 +300,15 @@ class HoldsMachine(RuleBasedStateMachine):
 
     # -- rules -------------------------------------------------------------------------------
 
+    def _pick(self, who: str, eligible: Callable[[Actor], bool]) -> Actor | None:
+        """The actor a rule acts on: the drawn one's index among those it can
+        act on (a release picks one of the holders), so that a draw is never
+        wasted; None if none can. (What is drawn does not depend on the state.)"""
+        candidates = [a for a in self.actors.values() if eligible(a)]
+        if not candidates:
+            return None
+        return candidates[ACTORS.index(who) % len(candidates)]
+
     def _side(self, actor: Actor, side: str) -> str:
         """An actor keeps to one side while it holds (no upgrade or downgrade here)."""
         return actor.side if actor.leases else side
@@ -349,9 +358,11 @@ class HoldsMachine(RuleBasedStateMachine):
     @rule(who=sampled_from(ACTORS))
     @traced
     def release(self, who: str) -> None:
-        actor = self.actors[who]
-        if not actor.leases or actor.waiting is not None:  # (a semaphore's holder may wait)
+        # (a semaphore's holder may wait: it cannot release meanwhile)
+        actor = self._pick(who, lambda a: bool(a.leases) and a.waiting is None)
+        if actor is None:
             return
+        who = actor.name
         lease = actor.leases.pop()
         self.run(actor.do(lease.release))
         room = self.model.released(who)
@@ -364,17 +375,18 @@ class HoldsMachine(RuleBasedStateMachine):
     @traced
     def extend(self, who: str, seconds: float) -> None:
         """A holder extends its hold: still held, nothing else changes."""
-        actor = self.actors[who]
-        if not actor.leases or actor.waiting is not None:
+        actor = self._pick(who, lambda a: bool(a.leases) and a.waiting is None)
+        if actor is None:
             return
         self.run(actor.do(lambda: actor.leases[-1].extend(seconds)))
 
     @rule(who=sampled_from(ACTORS))
     @traced
     def cancel_a_waiter(self, who: str) -> None:
-        actor = self.actors[who]
-        if actor.waiting is None or actor.leases:
+        actor = self._pick(who, lambda a: a.waiting is not None and not a.leases)
+        if actor is None:
             return
+        who = actor.name
         before = self.waiting_count(actor.owner)
         actor.restart()
         del self.model.waiters[who]
