@@ -14,7 +14,9 @@ never end by themselves.
 * ``exclusive``: one holder, reentrant per task (``AsyncLock``, ``SpinLock``,
   ``MultiLock``, ``RedlockLock``); a re-entry returns the hold's token.
 * ``fair``: exclusive, and the waiters are served in the order they queued
-  (FIFO across Clients).
+  (FIFO across Clients); a restart without persistence loses the queue, and
+  its waiters are served in any order (they queue again as their Clients
+  find out).
 * ``rw``: many readers or one writer, each side reentrant; writers are
   preferred: while a writer waits for the readers to leave, no new reader
   is let in (a reader's re-entry still is).
@@ -49,6 +51,10 @@ class HoldsModel:
     top: int = 0
     #: Who waits, and for which side, in the order they queued.
     waiters: dict[str, str] = field(default_factory=dict)
+    #: A restart without persistence lost the fair queue: its waiters queue
+    #: again in the order their Clients find out, so until they are all
+    #: served any of them may be next.
+    unordered: bool = False
 
     # -- what holds ------------------------------------------------------------
 
@@ -80,7 +86,12 @@ class HoldsModel:
             return "acquired"
         if others:
             return "busy"
-        if self.shape == "fair" and self.waiters and next(iter(self.waiters)) != who:
+        if (
+            self.shape == "fair"
+            and self.waiters
+            and not self.unordered
+            and next(iter(self.waiters)) != who
+        ):
             return "busy"
         return "acquired"
 
@@ -89,7 +100,7 @@ class HoldsModel:
     def granted(self, who: str, side: str, token: int) -> Try:
         """``who`` got ``side`` with ``token``; raises if that breaks a rule."""
         verdict = self.verdict(who, side)
-        self.waiters.pop(who, None)
+        self.left(who)
         assert verdict != "busy", f"{who} granted {side} against the model: {self.describe()}"
         if verdict == "reentered":
             assert token == self.leases[who][-1], (
@@ -101,6 +112,12 @@ class HoldsModel:
         self.leases.setdefault(who, []).append(token)
         self.side[who] = side
         return verdict
+
+    def left(self, who: str) -> None:
+        """``who`` stopped waiting (served, or gave up)."""
+        self.waiters.pop(who, None)
+        if not self.waiters:
+            self.unordered = False
 
     def released(self, who: str) -> bool:
         """One lease of ``who`` released; True if that freed room for a waiter."""
@@ -121,11 +138,14 @@ class HoldsModel:
         self.side.clear()
         return evicted
 
-    restarted = force_released  # a restart without persistence ends every hold too
+    def restarted(self) -> set[str]:
+        """A restart without persistence: every hold ends, and a fair queue is lost."""
+        self.unordered = self.shape == "fair" and bool(self.waiters)
+        return self.force_released()
 
     def may_be_granted(self) -> set[str]:
         """Who may get a hold next without a new call."""
-        if self.shape == "fair":
+        if self.shape == "fair" and not self.unordered:
             head = next(iter(self.waiters), None)
             return {head} if head is not None and not self.holders() else set()
         room = [w for w, s in self.waiters.items() if self.verdict(w, s) != "busy"]

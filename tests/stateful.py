@@ -389,7 +389,7 @@ class HoldsMachine(RuleBasedStateMachine):
         who = actor.name
         before = self.waiting_count(actor.owner)
         actor.restart()
-        del self.model.waiters[who]
+        self.model.left(who)
         self.until(lambda: self.waiting_count(actor.owner) < before, f"{who} stopped waiting")
         # A writer that gave up lets new readers in again; the head of a fair
         # queue that gave up passes the turn on.
