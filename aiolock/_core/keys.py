@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "STATE_SUFFIXES",
     "FairKeys",
     "LatchKeys",
     "LockKeys",
@@ -48,6 +49,36 @@ __all__ = [
     "lost_prefix",
     "main_key",
 ]
+
+
+# The suffixes after a main key of the keys that hold state: named once here,
+# used by the key classes below and read by the CLI (``STATE_SUFFIXES``).
+FENCE = ":fence"  # fencing counter: t last issued, r last released, b wait bound
+WAITING = ":wq"  # lock: waiting tasks; rw lock: waiting writers
+QUEUE = ":q"  # fair lock: the FIFO queue and Clients' liveness
+READERS_PARKED = ":rq"  # rw lock: Clients with parked readers
+RELEASED_TOKENS = ":rel"  # rw lock: recently released tokens
+HOLDERS = ":h"  # semaphore: holders
+RELEASED = ":r"  # semaphore: recently released
+REDLOCK = ":rl"  # Redlock: the lock key
+REDLOCK_FENCE = ":rl:fence"  # Redlock: this master's fence counter
+
+#: The keys of one name that hold state, by suffix after ``<prefix>:{<name>}``,
+#: with the Redis type aiolock writes there (the CLI reads exactly these).
+#: Wake-up lists, ``:signal``, ``:wsignal`` and a fair lock's
+#: ``:sig:<client id>``, carry no state.
+STATE_SUFFIXES: dict[str, str] = {
+    "": "hash",  # every kind's main key (a Redlock's is REDLOCK)
+    FENCE: "hash",
+    WAITING: "zset",
+    QUEUE: "zset",
+    READERS_PARKED: "zset",
+    RELEASED_TOKENS: "list",
+    HOLDERS: "zset",
+    RELEASED: "zset",
+    REDLOCK: "string",
+    REDLOCK_FENCE: "hash",
+}
 
 
 def main_key(prefix: str, name: str) -> str:
@@ -106,7 +137,7 @@ class LockKeys(Keys):
     @classmethod
     def of(cls, prefix: str, name: str) -> LockKeys:
         main = main_key(prefix, name)
-        fence, wq, signal = f"{main}:fence", f"{main}:wq", f"{main}:signal"
+        fence, wq, signal = main + FENCE, main + WAITING, f"{main}:signal"
         return cls(
             main=main,
             channel=f"{main}:ch".encode(),
@@ -145,7 +176,7 @@ class FairKeys(Keys):
     @classmethod
     def of(cls, prefix: str, name: str) -> FairKeys:
         main = main_key(prefix, name)
-        fence, queue = f"{main}:fence", f"{main}:q"
+        fence, queue = main + FENCE, main + QUEUE
         channel_prefix, signal_prefix = f"{main}:ch:", f"{main}:sig:"
         return cls(
             main=main,
@@ -197,7 +228,12 @@ class RWKeys(Keys):
     @classmethod
     def of(cls, prefix: str, name: str) -> RWKeys:
         main = main_key(prefix, name)
-        fence, rel, wq, rq = f"{main}:fence", f"{main}:rel", f"{main}:wq", f"{main}:rq"
+        fence, rel, wq, rq = (
+            main + FENCE,
+            main + RELEASED_TOKENS,
+            main + WAITING,
+            main + READERS_PARKED,
+        )
         signal, wsignal = f"{main}:signal", f"{main}:wsignal"
         channel, wchannel = f"{main}:ch".encode(), f"{main}:wch".encode()
         return cls(
@@ -240,8 +276,8 @@ class SemaphoreKeys(Keys):
     @classmethod
     def of(cls, prefix: str, name: str) -> SemaphoreKeys:
         main = main_key(prefix, name)
-        holders, released = f"{main}:h", f"{main}:r"
-        fence, signal = f"{main}:fence", f"{main}:signal"
+        holders, released = main + HOLDERS, main + RELEASED
+        fence, signal = main + FENCE, f"{main}:signal"
         return cls(
             main=main,
             channel=f"{main}:ch".encode(),
@@ -304,7 +340,7 @@ class RedlockKeys:
     @classmethod
     def of(cls, prefix: str, name: str) -> RedlockKeys:
         main = main_key(prefix, name)
-        lock, fence = f"{main}:rl", f"{main}:rl:fence"
+        lock, fence = main + REDLOCK, main + REDLOCK_FENCE
         generation, roster = f"{prefix}:redlock:gen", f"{prefix}:redlock:roster"
         return cls(
             lock=lock,

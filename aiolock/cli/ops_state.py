@@ -21,6 +21,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiolock._core.keys import (
+    FENCE,
+    HOLDERS,
+    QUEUE,
+    READERS_PARKED,
+    REDLOCK,
+    REDLOCK_FENCE,
+    STATE_SUFFIXES,
+    WAITING,
+)
+
 __all__ = [
     "KEY_SUFFIXES",
     "NOT_SHOWN",
@@ -36,22 +47,9 @@ __all__ = [
     "name_of_key",
 ]
 
-#: The keys of one name that hold state, by suffix after ``<prefix>:{<name>}``,
-#: with the Redis type aiolock writes there. (Wake-up lists, ``:signal``,
-#: ``:wsignal`` and a fair lock's ``:sig:<client id>``, carry no state and are
-#: not read; they still make a name show up in a scan.)
-KEY_SUFFIXES: dict[str, str] = {
-    "": "hash",  # every kind's main key (a Redlock's is ":rl")
-    ":fence": "hash",  # fencing counter: t last issued, r last released
-    ":wq": "zset",  # lock: waiting tasks; rw lock: waiting writers
-    ":q": "zset",  # fair lock: the FIFO queue and Clients' liveness
-    ":rq": "zset",  # rw lock: Clients with parked readers
-    ":rel": "list",  # rw lock: recently released tokens
-    ":h": "zset",  # semaphore: holders
-    ":r": "zset",  # semaphore: recently released
-    ":rl": "string",  # Redlock: the lock key
-    ":rl:fence": "hash",  # Redlock: this master's fence counter
-}
+#: The keys of one name that hold state, by suffix, with the Redis type
+#: aiolock writes there: declared once, in the library's key layout.
+KEY_SUFFIXES: dict[str, str] = STATE_SUFFIXES
 _SIGNAL_SUFFIX = re.compile(r"\}(?::signal|:wsignal|:sig:[0-9a-f]+)$")
 
 _OWNER = re.compile(r"^([0-9a-f]+):(\d+)$")
@@ -354,7 +352,7 @@ def describe(raw: RawName) -> NameState:
     return NameState(raw.prefix, raw.name, tuple(primitives), keys, last, released)
 
 
-def _fence(raw: RawName, suffix: str = ":fence") -> tuple[int | None, int | None]:
+def _fence(raw: RawName, suffix: str = FENCE) -> tuple[int | None, int | None]:
     fence = raw.get(suffix, "hash")
     if fence is None:
         return None, None
@@ -393,7 +391,7 @@ def _lock(raw: RawName, main: RawKey, fields: dict[str, str]) -> Primitive:
         if m:
             holders.append(Holder(f, m[1], int(m[2]), "exclusive", ttl, token, _int(v) or 1))
     waiters = []
-    wq = raw.get(":wq", "zset")
+    wq = raw.get(WAITING, "zset")
     for member, score in wq.value if wq else ():
         m = _WAKE_MEMBER.match(member)
         if m and score > raw.now_ms:
@@ -432,7 +430,7 @@ def _fair_lock(raw: RawName, main: RawKey, fields: dict[str, str]) -> Primitive:
                 Holder(f"{m[1]}:{m[2]}", m[1], int(m[2]), "exclusive", ttl, token, _int(v) or 1)
             )
     waiters = []
-    q = raw.get(":q", "zset")
+    q = raw.get(QUEUE, "zset")
     entries = q.value if q else []
     alive = {
         member[1:]: -score
@@ -473,12 +471,12 @@ def _rw_lock(raw: RawName, main: RawKey, fields: dict[str, str]) -> Primitive:
         if m and expiry is not None and expiry > now:
             holders.append(Holder(owner, m[1], int(m[2]), "read", expiry - now, _int(v)))
     waiters = []
-    wq = raw.get(":wq", "zset")
+    wq = raw.get(WAITING, "zset")
     for member, score in wq.value if wq else ():
         m = _RW_WRITER.match(member)
         if m and score > now:
             waiters.append(Waiter(m[2], "writer", _left(score, now), int(m[3]), m[1]))
-    rq = raw.get(":rq", "zset")
+    rq = raw.get(READERS_PARKED, "zset")
     for member, score in rq.value if rq else ():
         if score > now:
             waiters.append(Waiter(member, "readers", _left(score, now)))
@@ -500,7 +498,7 @@ def _rw_lock(raw: RawName, main: RawKey, fields: dict[str, str]) -> Primitive:
 def _semaphore(raw: RawName, main: RawKey, fields: dict[str, str]) -> Primitive:
     now = raw.now_ms
     holders = []
-    h = raw.get(":h", "zset")
+    h = raw.get(HOLDERS, "zset")
     for member, score in h.value if h else ():
         m = _SEM_MEMBER.match(member)
         if m and score > now:
@@ -529,8 +527,8 @@ def _semaphore(raw: RawName, main: RawKey, fields: dict[str, str]) -> Primitive:
 
 
 def _redlock(raw: RawName) -> Primitive | None:
-    lock = raw.keys.get(":rl")
-    fence = raw.get(":rl:fence", "hash")
+    lock = raw.keys.get(REDLOCK)
+    fence = raw.get(REDLOCK_FENCE, "hash")
     if (lock is None or lock.type == "none") and fence is None:
         return None
     last = _int(fence.value.get("t")) if fence else None
