@@ -39,6 +39,8 @@ from aiolock import (
 from aiolock._core.cluster import ClusterMux, check_version, server_version
 from aiolock._core.engine import Engine
 from aiolock._core.errors import ServerRefusedError, ServerUnavailableError
+from aiolock._core.runner import Program
+from aiolock._core.scripts import Script
 from tests.cluster_servers import ClusterNode, ClusterProcess
 from tests.servers import LOOPBACK
 
@@ -444,21 +446,23 @@ async def test_ask_goes_with_asking_even_on_a_connection_not_yet_made(
 ) -> None:
     """Mid-migration (keys moved, SETSLOT NODE not done): a command for a key
     the source no longer has gets ASK; ASKING and the command go to the target
-    back to back, also when that connection is still being made, and again
-    after a NOSCRIPT there (the target's script cache is its own)."""
+    back to back, also when that connection is still being made, and with a
+    script the target lacks (its script cache is its own) its load goes first,
+    before ASKING: never between ASKING and the command."""
     source = cluster.masters()[0]
     target = other_master(cluster, source)
     key = f"aiolock:{{{name_on(cluster, source)}}}:plain"
     slot = cluster.slot_of(key)
     script = b"return redis.call('GET', KEYS[1])"
     sha = hashlib.sha1(script).hexdigest().encode()
+    program = Program(Script("get", script.decode(), sha.decode()))
     async with Client.from_url(cluster.url) as client:
         await settled(client)
         topology = engine_of(client).topology
         assert topology is not None
         restore.append(slot)
         # A lane of its own, with no connection yet.
-        mux = ClusterMux(topology, command_timeout=5.0, scripts=lambda: {sha: script})
+        mux = ClusterMux(topology, command_timeout=5.0)
         try:
             await asyncio.to_thread(cluster.begin_migration, slot, target)
             assert mux.nodes == []
@@ -470,8 +474,8 @@ async def test_ask_goes_with_asking_even_on_a_connection_not_yet_made(
             assert topology.node(slot) == source.address  # ASK does not change the map
 
             assert target.execute("SCRIPT", "EXISTS", sha) == [0]
-            assert await mux.call(b"EVALSHA", sha, 1, key) == b"v"
-            assert mux.redirects == 2  # one ASK more; NOSCRIPT: loaded, ASKING again
+            assert await mux.call(*program.command((key,), ()), script=program) == b"v"
+            assert mux.redirects == 2  # one ASK more; loaded there, then ASKING
             assert target.execute("SCRIPT", "EXISTS", sha) == [1]
         finally:
             await mux.aclose()
@@ -630,7 +634,7 @@ async def test_a_command_whose_caller_left_during_backoff_is_not_resent(
         key = f"aiolock:{{{name_on(cluster, owner)}}}:plain"
         slot = cluster.slot_of(key)
         restore.append(slot)
-        mux = ClusterMux(topology, command_timeout=10.0, scripts=dict)
+        mux = ClusterMux(topology, command_timeout=10.0)
         orphaned: asyncio.Future[tuple[Any, BaseException | None]] = (
             asyncio.get_running_loop().create_future()
         )

@@ -4,8 +4,8 @@ In cluster mode the Engine's command connection and its renewal connection
 are each a :class:`ClusterMux`: one pipelined, cancellation-safe
 ``CommandConnection`` per master (made on first use), with the same
 ``submit`` / ``send`` / ``call`` interface as a single connection. A command
-goes to the master of its key's slot (the key is the first key of an
-EVALSHA, else the command's first argument), computed locally with
+goes to the master of its key's slot (the key is the first key of a script,
+else the command's first argument), computed locally with
 redis-py's ``key_slot``; the slot map comes from redis-py's cluster
 discovery (``NodesManager.initialize``: CLUSTER SLOTS on the seed nodes,
 with the user's credentials and TLS settings), never from its command path.
@@ -23,9 +23,12 @@ re-sending is safe for each since the script did not run:
 * ``TRYAGAIN`` (a multi-key command during a migration), ``CLUSTERDOWN``
   (a failover in progress, a slot not served): re-sent after a capped
   exponential backoff, the map refreshed meanwhile;
-* ``NOSCRIPT``: the script cache is per node and not replicated (a promoted
-  replica, a slot's new owner, a restarted node lack aiolock's scripts):
-  loaded on that node and the command re-sent once;
+* a script the node lacks: not this module's business. Each node's
+  connection loads a script before the first command that runs it there
+  (connection.py's ``Loadable``), so a promoted replica, a slot's new owner
+  or a restarted node gets it with the first command sent to it; a node
+  that lost it mid-connection (SCRIPT FLUSH) is the script runner's to
+  recover from (runner.py: it sends the command again with ``reload``);
 * a connection to the slot's master that cannot be opened (refused, timed
   out: the node died, a failover is under way): the command was never
   written, so it is re-sent like CLUSTERDOWN, the map re-read meanwhile,
@@ -39,8 +42,8 @@ promoted replica has is kept and renewed there, one it lacks (asynchronous
 replication lost the acquire) is reported lost (LockLostError). Another
 Client may take the lock on the promoted replica before the old holder's
 check lands (measured: tens to a couple of hundred milliseconds); its fencing
-token is the higher one (see scripts/_fence.lua). Scripts are loaded on each
-new connection and again on NOSCRIPT, so a promoted replica serves them.
+token is the higher one (see scripts/_fence.lua). A script is loaded on each
+node's connection when first run there, so a promoted replica serves them.
 
 All of it is bounded: at most ``MAX_REDIRECTS`` redirections in a row
 (MOVED, ASK) and at most ``command_timeout`` seconds of backoff (TRYAGAIN,
@@ -61,14 +64,14 @@ import logging
 import math
 import re
 from collections import ChainMap
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
-from .connection import CommandConnection, Orphan, SafeCalls, reply_future
+from .connection import CommandConnection, Loadable, Orphan, SafeCalls, reply_future
 from .errors import (
     AiolockError,
     ClientClosedError,
@@ -106,7 +109,7 @@ MIN_VERSION = (7, 0)
 #: TRYAGAIN, an unreachable master): a failover is noticed this soon after it ends.
 RESEND_CAP = 0.25
 _REDIRECT = re.compile(r"\b(MOVED|ASK) (\d+) (\S+):(\d+)")
-_EVAL = (b"EVALSHA", b"EVAL")
+_ASKING = (b"ASKING",)
 
 
 def slot_of(key: Any) -> int:
@@ -114,9 +117,11 @@ def slot_of(key: Any) -> int:
     return key_slot(key.encode() if isinstance(key, str) else key)
 
 
-def command_key(args: tuple[Any, ...]) -> Any:
-    """The key a command is routed by: an EVALSHA's first key, else its first argument."""
-    if args[0] in _EVAL:
+def command_key(args: tuple[Any, ...], script: bool = False) -> Any:
+    """The key a command is routed by: a script's first key (``script``: the
+    command runs one; its arguments are the script's name or digest, the number
+    of keys, the keys, its arguments), else the command's first argument."""
+    if script:
         return args[3] if int(args[2]) > 0 else None
     return args[1] if len(args) > 1 else None
 
@@ -293,8 +298,6 @@ class ClusterMux(SafeCalls):
         topology: Topology,
         *,
         command_timeout: float,
-        scripts: Callable[[], dict[bytes, bytes]],
-        on_connect: Callable[[], Iterable[tuple[Any, ...]]] = tuple,
         on_reset: Callable[[], None] | None = None,
         node_connection: Callable[..., CommandConnection] | None = None,
         role: str = "command",
@@ -306,8 +309,6 @@ class ClusterMux(SafeCalls):
         self._role = role
         self._node_connection = node_connection or CommandConnection
         self._command_timeout = command_timeout
-        self._scripts = scripts  # sha -> source, for NOSCRIPT
-        self._on_connect = on_connect
         self._on_reset = on_reset
         self._connections: dict[str, CommandConnection] = {}
         # Commands waiting to be re-sent (CLUSTERDOWN, TRYAGAIN, a dead master),
@@ -327,7 +328,6 @@ class ClusterMux(SafeCalls):
             conn = self._connections[name] = self._node_connection(
                 self.topology.factory(name),
                 command_timeout=self._command_timeout,
-                on_connect=self._on_connect,
                 on_reset=self._lost,
                 redirects=True,
                 role=self._role,
@@ -355,24 +355,41 @@ class ClusterMux(SafeCalls):
 
     # -- commands ----------------------------------------------------------------------------
 
-    def submit(self, *args: Any, orphan: Orphan | None = None) -> asyncio.Future[Any]:
+    def submit(
+        self,
+        *args: Any,
+        orphan: Orphan | None = None,
+        script: Loadable | None = None,
+        reload: bool = False,
+    ) -> asyncio.Future[Any]:
         fut, done = reply_future(orphan)
-        self._dispatch(args, done, fut.cancelled)
+        self._dispatch(args, done, fut.cancelled, script, reload)
         return fut
 
-    def send(self, *args: Any, callback: Orphan) -> None:
-        self._dispatch(args, callback, None)
+    def send(
+        self,
+        *args: Any,
+        callback: Orphan,
+        script: Loadable | None = None,
+        reload: bool = False,
+    ) -> None:
+        self._dispatch(args, callback, None, script, reload)
 
     def _dispatch(
-        self, args: tuple[Any, ...], done: Orphan, gone: Callable[[], bool] | None
+        self,
+        args: tuple[Any, ...],
+        done: Orphan,
+        gone: Callable[[], bool] | None,
+        script: Loadable | None,
+        reload: bool,
     ) -> None:
         if self._closed:
             done(None, ClientClosedError("the aiolock Client was closed; create a new one"))
             return
-        key = command_key(args)
+        key = command_key(args, script is not None)
         if key is None:
             raise ValueError(f"aiolock: a cluster command needs a key: {args[:2]!r}")
-        _Command(self, args, slot_of(key), done, gone).send()
+        _Command(self, args, slot_of(key), done, gone, script, reload).send()
 
     def _resend_waiting(self) -> None:
         """The map changed (a replica was promoted, a slot moved): re-send every
@@ -414,7 +431,8 @@ class _Command:
         "_done",
         "_gone",
         "_mux",
-        "_reloaded",
+        "_reload",
+        "_script",
         "_slot",
         "_tries",
     )
@@ -426,6 +444,8 @@ class _Command:
         slot: int,
         done: Orphan,
         gone: Callable[[], bool] | None,
+        script: Loadable | None = None,
+        reload: bool = False,
     ) -> None:
         self._mux = mux
         self._args = args
@@ -435,7 +455,8 @@ class _Command:
         self._tries = 0
         self._delay = 0.0
         self._deadline = 0.0
-        self._reloaded = False
+        self._script = script  # the script it runs (loaded per node: connection.py)
+        self._reload = reload
 
     def send(self, target: str | None = None, asking: bool = False) -> None:
         mux = self._mux
@@ -455,33 +476,22 @@ class _Command:
             return
         conn = mux.connection(name)
         # ASKING and the command are written back to back on one connection
-        # (or queued back to back until it connects: the backlog keeps their
-        # order, after the connection's own script loads), so ASKING applies
-        # to this command and no other.
-        if asking:
-            conn.send(b"ASKING", callback=_ignore)
-        conn.send(*self._args, callback=lambda r, e: self._reply(name, asking, r, e))
+        # (in one write, or queued as one until it connects; a script's load,
+        # if that node's connection lacks it, comes before both), so ASKING
+        # applies to this command and no other.
+        conn.send(
+            *self._args,
+            callback=self._reply,
+            script=self._script,
+            reload=self._reload,
+            before=_ASKING if asking else None,
+        )
 
-    def _reply(self, name: str, asking: bool, reply: Any, error: BaseException | None) -> None:
+    def _reply(self, reply: Any, error: BaseException | None) -> None:
         if error is None:
             self._done(reply, None)
             return
         mux = self._mux
-        if isinstance(error, NoScriptError):
-            source = mux._scripts().get(_text(self._args[1])) if self._args[0] in _EVAL else None
-            if source is None or self._reloaded:
-                self._done(None, from_redis(error))
-                return
-            if self._given_up(error):
-                return
-            self._reloaded = True
-            conn = mux.connection(name)
-            conn.send(b"SCRIPT", b"LOAD", source, callback=_ignore)
-            # Again where it was sent: an ASK target needs ASKING again.
-            if asking:
-                conn.send(b"ASKING", callback=_ignore)
-            conn.send(*self._args, callback=lambda r, e: self._reply(name, asking, r, e))
-            return
         if isinstance(error, ConnectionFailedError) and error.not_sent:
             # The node could not be reached, so the command was never written:
             # re-sending is safe. The node may be gone for good (a failover in
@@ -562,14 +572,6 @@ def _refusal(exc: BaseException) -> ResponseError | None:
         if isinstance(seen, ResponseError):
             return seen
         seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _text(value: Any) -> bytes:
-    return value if isinstance(value, bytes) else str(value).encode()
-
-
-def _ignore(reply: Any, error: BaseException | None) -> None:
     return None
 
 

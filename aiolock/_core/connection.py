@@ -23,8 +23,16 @@ same order (no reader task). So:
 Every error a command fails with is an AiolockError (``_errors.from_redis``,
 redis-py's exception as its ``__cause__``): ConnectionFailedError when the
 connection failed, ServerRefusedError (or WrongTypeError) for an error
-reply. The one exception is NOSCRIPT, left as redis-py's NoScriptError for
-the script runner to reload the script (see ``Engine.eval``).
+reply.
+
+A command may run a *script* (``script=``, a ``Loadable`` of the script
+runner, runner.py): each connection remembers the scripts it loaded since it
+connected, and writes a script's ``load`` command just before the first
+command that runs it, in the same write (its reply goes to the script's
+``loaded``): no round trip more, and nothing loaded that is never run there.
+``reload=True`` writes the load whatever the connection remembers (the
+runner's one re-send after the server said it lacks the script). What a
+script is, how it is loaded and what says it is missing are the runner's.
 """
 
 from __future__ import annotations
@@ -39,7 +47,6 @@ from typing import Any, Protocol
 from redis.exceptions import (
     BusyLoadingError,
     MasterDownError,
-    NoScriptError,
     ResponseError,
     TryAgainError,
 )
@@ -60,7 +67,7 @@ from .hiredis import hiredis
 from .outage import Outage
 from .redis_compat import ConnectionFactory
 
-__all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Lane", "Orphan"]
+__all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Lane", "Loadable", "Orphan"]
 
 #: The errors that say a command did not run (an error reply, a refusal):
 #: an orphaned acquire that failed with one of these needs no undo.
@@ -82,9 +89,39 @@ _REPLY_CLASSES: dict[str, type[ResponseError] | type[BusyLoadingError]] = {
 Orphan = Callable[[Any, BaseException | None], None]
 
 
+class Loadable(Protocol):
+    """A script as a connection sees it (the runner's, runner.py): what to
+    write once per connection before the first command that runs it."""
+
+    @property
+    def load(self) -> tuple[Any, ...]:
+        """The command that loads it on a connection (its reply: ``loaded``)."""
+        ...
+
+    def loaded(self, reply: Any, error: BaseException | None) -> None:
+        """The reply of a ``load`` (from the reply's parse; must not raise)."""
+        ...
+
+
+#: A command waiting for the connection: its arguments, future (None: ``send``),
+#: orphan or callback, script, reload flag and ``before`` command.
+_Backlogged = tuple[
+    tuple[Any, ...],
+    asyncio.Future[Any] | None,
+    Orphan | None,
+    Loadable | None,
+    bool,
+    tuple[Any, ...] | None,
+]
+
+
 class Lane(Protocol):
     """What the Engine sends commands through: one ``CommandConnection``
-    (standalone) or a ``ClusterMux`` (cluster mode: one per master)."""
+    (standalone) or a ``ClusterMux`` (cluster mode: one per master).
+
+    ``script``: the command runs that script (see ``Loadable``; only the
+    script runner gives one); ``reload``: load it again first, wherever the
+    command runs."""
 
     @property
     def connects(self) -> int: ...
@@ -92,11 +129,29 @@ class Lane(Protocol):
     @property
     def in_flight(self) -> int: ...
 
-    def submit(self, *args: Any, orphan: Orphan | None = None) -> asyncio.Future[Any]: ...
+    def submit(
+        self,
+        *args: Any,
+        orphan: Orphan | None = None,
+        script: Loadable | None = None,
+        reload: bool = False,
+    ) -> asyncio.Future[Any]: ...
 
-    def send(self, *args: Any, callback: Orphan) -> None: ...
+    def send(
+        self,
+        *args: Any,
+        callback: Orphan,
+        script: Loadable | None = None,
+        reload: bool = False,
+    ) -> None: ...
 
-    async def call(self, *args: Any, orphan: Orphan | None = None) -> Any: ...
+    async def call(
+        self,
+        *args: Any,
+        orphan: Orphan | None = None,
+        script: Loadable | None = None,
+        reload: bool = False,
+    ) -> Any: ...
 
     async def drain(self, seconds: float) -> None: ...
 
@@ -116,12 +171,24 @@ class SafeCalls:
 
     __slots__ = ()
 
-    def submit(self, *args: Any, orphan: Orphan | None = None) -> asyncio.Future[Any]:
+    def submit(
+        self,
+        *args: Any,
+        orphan: Orphan | None = None,
+        script: Loadable | None = None,
+        reload: bool = False,
+    ) -> asyncio.Future[Any]:
         raise NotImplementedError
 
-    async def call(self, *args: Any, orphan: Orphan | None = None) -> Any:
+    async def call(
+        self,
+        *args: Any,
+        orphan: Orphan | None = None,
+        script: Loadable | None = None,
+        reload: bool = False,
+    ) -> Any:
         """Submit a command and wait for its reply (see ``submit`` for ``orphan``)."""
-        fut = self.submit(*args, orphan=orphan)
+        fut = self.submit(*args, orphan=orphan, script=script, reload=reload)
         try:
             return await fut
         except asyncio.CancelledError:
@@ -184,7 +251,10 @@ class CommandConnection(SafeCalls):
         # handlers; or (None, callback) for a command sent with send().
         self._pending: deque[tuple[asyncio.Future[Any] | None, Orphan | None]] = deque()
         # Commands submitted while (re)connecting, sent once connected.
-        self._backlog: list[tuple[tuple[Any, ...], asyncio.Future[Any] | None, Orphan | None]] = []
+        self._backlog: list[_Backlogged] = []
+        # The scripts loaded on the current connection since it connected (see
+        # ``Loadable``): a new connection starts with none.
+        self._loaded: set[Loadable] = set()
         # Resolved when nothing is pending any more (see drain()).
         self._idle: asyncio.Future[None] | None = None
         self._connect_task: asyncio.Task[None] | None = None
@@ -204,11 +274,18 @@ class CommandConnection(SafeCalls):
     def in_flight(self) -> int:
         return len(self._pending) + len(self._backlog)
 
-    def submit(self, *args: Any, orphan: Orphan | None = None) -> asyncio.Future[Any]:
+    def submit(
+        self,
+        *args: Any,
+        orphan: Orphan | None = None,
+        script: Loadable | None = None,
+        reload: bool = False,
+    ) -> asyncio.Future[Any]:
         """Send a command now (or as soon as connected) and return its reply future.
 
         If the future is cancelled before the reply arrives, ``orphan`` is
         called exactly once with ``(reply, None)`` or ``(None, error)``.
+        ``script``, ``reload``: see ``Loadable``.
         """
         loop = self._loop
         if loop is None:
@@ -219,30 +296,69 @@ class CommandConnection(SafeCalls):
             return fut
         link = self._link
         if link is None:
-            self._backlog.append((args, fut, orphan))
+            self._backlog.append((args, fut, orphan, script, reload, None))
             if self._connect_task is None:
                 self._connect_task = loop.create_task(self._connect(), name="aiolock-connect")
             return fut
-        link.transport.write(pack(args))
+        if script is None:
+            link.transport.write(pack(args))
+        else:
+            self._write(link, args, script, reload, None)
         self._queued(fut, orphan)
         return fut
 
-    def send(self, *args: Any, callback: Orphan) -> None:
+    def send(
+        self,
+        *args: Any,
+        callback: Orphan,
+        script: Loadable | None = None,
+        reload: bool = False,
+        before: tuple[Any, ...] | None = None,
+    ) -> None:
         """Send a command now (or as soon as connected); ``callback(reply, error)``
         is called exactly once, from the reply's parse (no loop turn in between)
-        or with the error that failed it. The callback must not raise."""
+        or with the error that failed it. The callback must not raise.
+
+        ``script``, ``reload``: see ``Loadable``. ``before``: a command written
+        just before this one, after its script's load, its reply ignored (a
+        cluster's ``ASKING``, which applies to the next command only)."""
         if self._closed:
             callback(None, _closed_error())
             return
         link = self._link
         if link is None:
-            self._backlog.append((args, None, callback))
+            self._backlog.append((args, None, callback, script, reload, before))
             if self._connect_task is None:
                 loop = asyncio.get_running_loop()
                 self._connect_task = loop.create_task(self._connect(), name="aiolock-connect")
             return
-        link.transport.write(pack(args))
+        if script is None and before is None:
+            link.transport.write(pack(args))
+        else:
+            self._write(link, args, script, reload, before)
         self._queued(None, callback)
+
+    def _write(
+        self,
+        link: Link,
+        args: tuple[Any, ...],
+        script: Loadable | None,
+        reload: bool,
+        before: tuple[Any, ...] | None,
+    ) -> None:
+        """Write one command, preceded (in the same write) by its script's load
+        if this connection has not loaded it (or ``reload``), then ``before``.
+        The caller queues the command's own reply."""
+        parts = []
+        if script is not None and (reload or script not in self._loaded):
+            self._loaded.add(script)
+            parts.append(pack(script.load))
+            self._queued(None, script.loaded)
+        if before is not None:
+            parts.append(pack(before))
+            self._queued(None, _ignore)
+        parts.append(pack(args))
+        link.transport.write(b"".join(parts))
 
     def _queued(self, fut: asyncio.Future[Any] | None, orphan: Orphan | None) -> None:
         self._pending.append((fut, orphan))
@@ -286,7 +402,7 @@ class CommandConnection(SafeCalls):
             )
             # Not a refusal (AUTH...): the commands were never written (not_sent).
             not_sent = type(from_redis(cause)) is ConnectionFailedError
-            for _, fut, orphan in backlog:
+            for _, fut, orphan, *_rest in backlog:
                 _fail(fut, orphan, cause, not_sent)
             if not isinstance(exc, Exception):
                 raise
@@ -296,18 +412,17 @@ class CommandConnection(SafeCalls):
             await link.close()
             return
         self._link = link
+        self._loaded = set()  # a new connection: no script loaded on it yet
         write = link.transport.write
-        # Session set-up first (script loads), then whatever queued meanwhile.
+        # Session set-up first, then whatever queued meanwhile.
         for args in self._on_connect():
             write(pack(args))
-            unawaited: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            unawaited.cancel()  # nobody waits: its reply goes to _ignore
-            self._queued(unawaited, _ignore)
+            self._queued(None, _ignore)
         backlog, self._backlog = self._backlog, []
-        for args, fut, orphan in backlog:
+        for args, fut, orphan, script, reload, before in backlog:
             if fut is not None and fut.cancelled():
                 continue  # its caller gave up before it was ever sent
-            write(pack(args))
+            self._write(link, args, script, reload, before)
             self._queued(fut, orphan)
 
     def _reply_protocol(self, link: Link) -> _ReplyProtocol:
@@ -447,16 +562,13 @@ _READONLY = re.compile(r"(?:^|-)READONLY\b")
 
 
 def _error(reply: Exception, redirects: bool = True, sentinel: bool = False) -> Exception:
-    """The exception for an error reply: NoScriptError (the script runner's
-    business), ServerUnavailableError for a server that cannot serve for a
+    """The exception for an error reply: ServerUnavailableError for a server that cannot serve for a
     while (LOADING, BUSY, MASTERDOWN, TRYAGAIN: retried like an outage; MOVED,
     ASK, CLUSTERDOWN: followed by a cluster lane), else a ServerRefusedError
     (WrongTypeError); caused by redis-py's exception. Without ``redirects`` (a
     standalone connection), MOVED or ASK is an UnsupportedServerError: the
     server is a cluster node, and retrying would never reach the key's node."""
     message = str(reply)
-    if message.startswith("NOSCRIPT"):
-        return NoScriptError(message)
     if sentinel and _READONLY.search(message):
         changed = MasterChangedError(f"{message} (the server was made a replica)")
         failed = from_redis(changed)

@@ -44,7 +44,6 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .cluster import ClusterMux, ShardedListener, Topology, check_versions, slot_of
@@ -56,7 +55,6 @@ from .errors import (
     WrongEventLoopError,
     asyncio_required,
     clause,
-    from_redis,
 )
 from .evict import Evictions
 from .futures import stop
@@ -68,8 +66,9 @@ from .options import ClientStatistics, Notify, Options
 from .outage import Outage
 from .owner import task_serial
 from .redis_compat import ConnectionFactory, SentinelService, connection_factory, sentinel_service
-from .replication import AckedConnection, Acknowledgement, Unacknowledged, acked_node
-from .scripts import Script, load_scripts
+from .replication import AckedConnection, Acknowledgement, acked_node
+from .runner import ScriptRunner
+from .scripts import Script
 from .sentinel import SentinelWatch
 from .undo import Call, OnReply, Undo
 from .validate import to_ms
@@ -168,13 +167,20 @@ class Engine:
         )
         self.owns_redis = False
         self.owns_cluster_client = False
-        self.scripts: dict[str, Script] = load_scripts()
         #: Counts every acquisition, hold and loss; feeds OpenTelemetry (observe.py).
         self.observer = Observer(new_telemetry(options.lock_label) if options.telemetry else None)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
         self._started = False
         self.background: set[asyncio.Task[Any]] = set()
+        #: Every script runs through it (runner.py): routed by ``_route``,
+        #: acquisitions on ``acked_lane`` when replicas acknowledge.
+        self.runner = ScriptRunner(
+            route=self._route,
+            acked=lambda: self.acked_lane,
+            background=self.background,
+            command_timeout=self.command_timeout,
+        )
         # Per-primitive local state, keyed by the primitive's main key.
         self.states: dict[str, Any] = {}
         # The connection epoch: bumped whenever an established connection to
@@ -204,7 +210,6 @@ class Engine:
         self.mux: Lane = CommandConnection(
             self._new_connection,
             command_timeout=self.command_timeout,
-            on_connect=self._preload,
             on_reset=self._verifier.connection_reset,
             sentinel=self.sentinel is not None,
         )
@@ -247,7 +252,6 @@ class Engine:
             return CommandConnection(
                 self._new_connection,
                 command_timeout=self.command_timeout,
-                on_connect=self._preload,
                 on_reset=self._verifier.connection_reset,
                 sentinel=self.sentinel is not None,
                 role=role,
@@ -257,7 +261,6 @@ class Engine:
             ack=self.ack,
             renewals=renewals,
             command_timeout=self.command_timeout,
-            on_connect=self._preload,
             on_reset=self._verifier.connection_reset,
             sentinel=self.sentinel is not None,
             role=role,
@@ -551,16 +554,9 @@ class Engine:
         except BaseException:  # (cancelled too: aclose() stopped us)
             await topology.aclose()
             raise
-        self.scripts = load_scripts(cluster=True)
-        sources = {s.sha.encode(): s.source.encode() for s in self.scripts.values()}
+        self.runner.use_cluster()
         reset = self._verifier.connection_reset
-        mux = ClusterMux(
-            topology,
-            command_timeout=self.command_timeout,
-            scripts=lambda: sources,
-            on_connect=self._preload,
-            on_reset=reset,
-        )
+        mux = ClusterMux(topology, command_timeout=self.command_timeout, on_reset=reset)
         try:
             await check_versions(mux)
         except BaseException:
@@ -574,8 +570,6 @@ class Engine:
         self.renew_mux = ClusterMux(
             topology,
             command_timeout=self.command_timeout,
-            scripts=lambda: sources,
-            on_connect=self._preload,
             on_reset=reset,
             node_connection=None if ack is None else partial(acked_node, ack, renewals=True),
             role="renewal",
@@ -587,8 +581,6 @@ class Engine:
                 ClusterMux(
                     topology,
                     command_timeout=self.command_timeout,
-                    scripts=lambda: sources,
-                    on_connect=self._preload,
                     on_reset=reset,
                     node_connection=partial(acked_node, ack, renewals=False),
                     role="acknowledged command",
@@ -655,8 +647,16 @@ class Engine:
         self.signals.reset(f"the master changed: {reason}")
         self._verifier.connection_reset()
 
-    def _preload(self) -> list[tuple[Any, ...]]:
-        return [(b"SCRIPT", b"LOAD", s.source) for s in self.scripts.values()]
+    # -- scripts (the runner, runner.py) ------------------------------------------------------
+
+    @property
+    def scripts(self) -> dict[str, Script]:
+        """The Client's scripts by name (their text and SHA1: the runner's)."""
+        return self.runner.scripts
+
+    @scripts.setter
+    def scripts(self, scripts: dict[str, Script]) -> None:
+        self.runner.use(scripts)
 
     def submit_script(
         self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...]
@@ -664,8 +664,7 @@ class Engine:
         """Send a script for ``keys[0]`` now; the future gets its reply."""
         if not self._settled:
             return asyncio.ensure_future(self.eval(name, keys, args))
-        script = self.scripts[name]
-        return self._route(keys[0]).submit(b"EVALSHA", script.sha, len(keys), *keys, *args)
+        return self.runner.submit(name, keys, args)
 
     def send_script(
         self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...], callback: Orphan
@@ -673,7 +672,8 @@ class Engine:
         """Send a script for ``keys[0]``; ``callback(reply, error)`` runs from the reply's parse.
 
         It must not raise: an exception is logged, and the callback is given
-        no second call. (A NOSCRIPT error is passed on like any other.)
+        no second call. (A script the server lost is loaded and sent again
+        once by the runner first.)
         """
 
         def guarded(reply: Any, error: BaseException | None) -> None:
@@ -692,9 +692,7 @@ class Engine:
                 )
             )
             return
-        script = self.scripts[name]
-
-        self._route(keys[0]).send(b"EVALSHA", script.sha, len(keys), *keys, *args, callback=guarded)
+        self.runner.send(name, keys, args, callback)  # (it logs a handler's exception)
 
     async def eval(
         self,
@@ -704,9 +702,10 @@ class Engine:
         orphan: Any = None,
         mux: Lane | None = None,
     ) -> Any:
-        """Run a script for ``keys[0]``; reload it once on NOSCRIPT (safe: NOSCRIPT
-        means it did not run). ``orphan(reply, error)`` runs if the caller gives
-        up before the reply (see ``undo``); ``mux`` is the watchdog's own lane.
+        """Run a script for ``keys[0]`` (``ScriptRunner.eval``: a script the
+        server lost is loaded and run again once). ``orphan(reply, error)``
+        runs if the caller gives up before the reply (see ``undo``); ``mux``
+        is the watchdog's own lane.
 
         Every acquisition passes here with its ``orphan``: with ``replicas`` (or
         ``wait_aof``) it runs on the acknowledged lane (replication.py) and
@@ -715,51 +714,7 @@ class Engine:
         """
         if not self._settled:
             await self._settle()
-        script = self.scripts[name]
-        acked = self.acked_lane
-        if orphan is not None and mux is None and acked is not None:
-            return await self._eval_acked(acked, script, keys, args, orphan)
-        mux = mux or self._route(keys[0])
-        try:
-            return await mux.call(b"EVALSHA", script.sha, len(keys), *keys, *args, orphan=orphan)
-        except NoScriptError:
-            await mux.call(b"SCRIPT", b"LOAD", script.source)
-            try:
-                return await mux.call(
-                    b"EVALSHA", script.sha, len(keys), *keys, *args, orphan=orphan
-                )
-            except NoScriptError as exc:  # flushed again at once: give up
-                raise from_redis(exc) from exc
-
-    async def _eval_acked(
-        self,
-        lane: Lane,
-        script: Script,
-        keys: tuple[Any, ...],
-        args: tuple[Any, ...],
-        orphan: Orphan,
-    ) -> Any:
-        command = (b"EVALSHA", script.sha, len(keys), *keys, *args)
-        for reloaded in (False, True):
-            try:
-                return await lane.call(*command, orphan=orphan)
-            except Unacknowledged as exc:
-                # Granted but not acknowledged: undo exactly what it took, and
-                # let the caller see the error once the undo ran (its first
-                # try, within command_timeout): nothing of the acquisition is
-                # left in Redis then. A cancelled caller leaves the undo
-                # running in the background (asyncio.wait cancels nothing).
-                before = set(self.background)
-                orphan(exc.reply, None)
-                undoing = self.background - before
-                if undoing:
-                    await asyncio.wait(undoing, timeout=self.command_timeout)
-                raise exc.error from exc.error.__cause__
-            except NoScriptError as exc:  # (standalone: a cluster lane reloads by itself)
-                if reloaded:
-                    raise from_redis(exc) from exc
-                await lane.call(b"SCRIPT", b"LOAD", script.source)
-        raise AssertionError("unreachable")
+        return await self.runner.eval(name, keys, args, orphan, mux)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)

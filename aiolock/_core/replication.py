@@ -23,7 +23,7 @@ blocks every later command on its connection until it answers. Hence:
 * Every script of a batch resolves when that WAIT answers. Acknowledged by
   at least N (and the AOF, with ``wait_aof``), or a reply that grants
   nothing (busy: ``granted``): the caller gets the script's reply. Fewer:
-  the acquisition is undone (``Engine.eval`` calls the caller's ``orphan``,
+  the acquisition is undone (the script runner calls the caller's ``orphan``,
   an ``Undo``, with the script's reply, so it releases exactly what the
   script took) and the caller gets ``ReplicationError(acknowledged,
   required)`` at once. The WAIT failed (connection lost, no reply within
@@ -61,7 +61,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .connection import CommandConnection, Orphan, reply_future
+from .connection import CommandConnection, Loadable, Orphan, reply_future
 from .errors import (
     AiolockError,
     ReplicationError,
@@ -144,7 +144,7 @@ class Acknowledgement:
 class Unacknowledged(Exception):
     """An acquire script granted, and its WAIT did not acknowledge it (an
     internal signal, never seen by users): ``reply`` says what to undo (the
-    caller's orphan), ``error`` is what to raise (``Engine.eval``)."""
+    caller's orphan), ``error`` is what to raise (the runner, runner.py)."""
 
     def __init__(self, reply: Any, error: AiolockError) -> None:
         super().__init__(str(error))
@@ -153,7 +153,8 @@ class Unacknowledged(Exception):
 
 
 class AckedConnection(CommandConnection):
-    """A command connection whose scripts (``EVALSHA``) are acknowledged.
+    """A command connection whose scripts are acknowledged (a command is a
+    script when the runner says so: ``script=``, see connection.py).
 
     The scripts sent in one loop turn are followed by one WAIT (or WAITAOF);
     each script's reply is delivered (``send``'s callback, ``submit``'s
@@ -162,12 +163,12 @@ class AckedConnection(CommandConnection):
     * acquisitions (``renewals=False``): the reply if acknowledged or if it
       grants nothing (``granted``), else the error ``Unacknowledged(reply,
       ReplicationError)`` (or the WAIT's own failure, made clear), for the
-      caller to undo what it took (``Engine.eval``);
+      caller to undo what it took (the runner, runner.py);
     * renewals (``renewals=True``): the reply, with the ReplicationError in
       place of each 1 (alive) if not acknowledged: that item's confirmed
       expiry is not extended.
 
-    Any other command (``SCRIPT LOAD``, ``ASKING``, ``INFO``) is sent plainly.
+    Any other command (a script's load, ``ASKING``, ``INFO``) is sent plainly.
     The liveness bound is ``command_timeout + replica_timeout`` (a WAIT
     answers within ``replica_timeout``). In cluster mode a ``ClusterMux`` has
     one per master (``node_connection``); a redirected script is followed by
@@ -202,27 +203,40 @@ class AckedConnection(CommandConnection):
         #: WAITs sent (one per batch).
         self.waits = 0
 
-    def send(self, *args: Any, callback: Orphan) -> None:
-        if args[0] != b"EVALSHA":
-            super().send(*args, callback=callback)
+    def send(
+        self,
+        *args: Any,
+        callback: Orphan,
+        script: Loadable | None = None,
+        reload: bool = False,
+        before: tuple[Any, ...] | None = None,
+    ) -> None:
+        if script is None:  # a plain command (INFO...): not acknowledged
+            super().send(*args, callback=callback, before=before)
             return
         got: list[Any] = [None, None]  # the script's reply, its error
 
         def keep(reply: Any, error: BaseException | None) -> None:
             got[0], got[1] = reply, error
 
-        super().send(*args, callback=keep)
+        super().send(*args, callback=keep, script=script, reload=reload, before=before)
         batch = self._batch
         if batch is None:
             batch = self._batch = []
             asyncio.get_running_loop().call_soon(self._flush)
         batch.append((got, callback))
 
-    def submit(self, *args: Any, orphan: Orphan | None = None) -> asyncio.Future[Any]:
-        if args[0] != b"EVALSHA":
+    def submit(
+        self,
+        *args: Any,
+        orphan: Orphan | None = None,
+        script: Loadable | None = None,
+        reload: bool = False,
+    ) -> asyncio.Future[Any]:
+        if script is None:
             return super().submit(*args, orphan=orphan)
         fut, done = reply_future(orphan)
-        self.send(*args, callback=done)
+        self.send(*args, callback=done, script=script, reload=reload)
         return fut
 
     def _flush(self) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from redis.exceptions import NoScriptError
-
 from .._core.errors import InvalidArgumentError, InvalidArgumentTypeError
 from .._core.futures import retrieve
 from .._core.keys import LatchKeys
@@ -113,12 +111,10 @@ class Latch(Primitive):
         args = (self._channel, engine.retention_ms)
         # Written now, in call order (a try_set_count called next runs after it),
         # and shielded: a cancelled caller does not stop it.
+        # (A script the server lost is loaded and sent again by the engine.)
         sent = engine.submit_script("latch_down", keys, args)
         sent.add_done_callback(retrieve)
-        try:
-            reply = await asyncio.shield(sent)
-        except NoScriptError:  # it did not run: load the script and run it
-            reply = await engine.eval("latch_down", keys, args)
+        reply = await asyncio.shield(sent)
         return int(reply)
 
     async def count(self) -> int:
