@@ -4,8 +4,8 @@ Each file starts with its contract: KEYS, ARGV and the return value. A line
 ``--@include _x.lua`` is replaced by that file's text (once per script: a
 snippet that two others include appears once), so a snippet shared by
 several scripts (the fencing counter) is written once. Script objects belong
-to one Client: it loads them with SCRIPT LOAD on first use, runs them with
-EVALSHA, and reloads on NOSCRIPT (after a restart, a failover or SCRIPT FLUSH).
+to one Client; how they are loaded, run and recovered when a server lost them
+is the script runner's business alone (runner.py).
 
 A script builds no key or channel name: it gets every key it touches in
 KEYS and every channel in ARGV, and a name that depends on a client id it
@@ -137,7 +137,7 @@ def _expand(filename: str, included: set[str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Script:
-    """One Lua script: its name, source and SHA1 (what EVALSHA needs)."""
+    """One Lua script: its name, source and SHA1 (what the runner sends)."""
 
     name: str
     source: str
