@@ -300,7 +300,7 @@ class CommandConnection(SafeCalls):
             if self._connect_task is None:
                 self._connect_task = loop.create_task(self._connect(), name="aiolock-connect")
             return fut
-        if script is None:
+        if script is None or (not reload and script in self._loaded):
             link.transport.write(pack(args))
         else:
             self._write(link, args, script, reload, None)
@@ -332,7 +332,7 @@ class CommandConnection(SafeCalls):
                 loop = asyncio.get_running_loop()
                 self._connect_task = loop.create_task(self._connect(), name="aiolock-connect")
             return
-        if script is None and before is None:
+        if before is None and (script is None or (not reload and script in self._loaded)):
             link.transport.write(pack(args))
         else:
             self._write(link, args, script, reload, before)
@@ -349,6 +349,7 @@ class CommandConnection(SafeCalls):
         """Write one command, preceded (in the same write) by its script's load
         if this connection has not loaded it (or ``reload``), then ``before``.
         The caller queues the command's own reply."""
+        command = pack(args)  # first: an argument it refuses leaves nothing queued
         parts = []
         if script is not None and (reload or script not in self._loaded):
             self._loaded.add(script)
@@ -357,7 +358,7 @@ class CommandConnection(SafeCalls):
         if before is not None:
             parts.append(pack(before))
             self._queued(None, _ignore)
-        parts.append(pack(args))
+        parts.append(command)
         link.transport.write(b"".join(parts))
 
     def _queued(self, fut: asyncio.Future[Any] | None, orphan: Orphan | None) -> None:
