@@ -233,3 +233,22 @@ async def test_a_reset_between_the_load_and_the_script(server: RedisServer) -> N
         assert noscript_errors(server) == before
         await assert_clean(client)
         assert server.execute("EXISTS", "aiolock:{a}") == 0
+
+
+async def test_cluster_acknowledged_lane_recovers(cluster: ClusterProcess) -> None:
+    """``replicas=1`` in a cluster: the acquisitions' lane is a ClusterMux of
+    acknowledged connections; a node that lost the script is loaded again
+    there and the acquisition acknowledged."""
+    node = cluster.masters()[0]
+    name = _name_on(cluster, node)
+    async with Client.from_url(cluster.url, replicas=1, replica_timeout=5.0) as client:
+        lock = client.lock(name)
+        async with lock:
+            pass
+        before = noscript_errors(node)
+        node.script_flush()
+        async with lock:
+            assert await lock.is_owned()
+        assert noscript_errors(node) - before >= 1
+        assert "acquire" in loaded_scripts(node, client)
+        await assert_clean(client)
