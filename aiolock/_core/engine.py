@@ -19,6 +19,10 @@ This module wires the parts and routes by key; the parts live beside it:
 * verifier.py: ``Verifier``, the connection epochs (``epoch`` stays an
   Engine attribute) and the verification of holds after a connection reset;
 * undo.py: ``Undo``, the undo of an acquire whose reply was lost (``undo``);
+* runner.py: ``ScriptRunner``, the one place that runs a script (``eval``,
+  ``submit_script`` and ``send_script`` delegate to it): it builds the
+  command, has each connection load a script with its first run there,
+  recovers from a script the server lost, and serves the acknowledged lane;
 * options.py: the Client's options (checked there once), ``Notify`` and
   ``ClientStatistics``;
 * sentinel.py: ``SentinelWatch``, Sentinel mode (a ``Sentinel.master_for``
