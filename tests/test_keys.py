@@ -17,7 +17,16 @@ from typing import Any
 import pytest
 
 from aiolock import Client
-from aiolock._core.keys import FairKeys, LatchKeys, LockKeys, RWKeys, SemaphoreKeys, main_key
+from aiolock._core.keys import (
+    FairKeys,
+    LatchKeys,
+    LockKeys,
+    RedlockKeys,
+    RWKeys,
+    SemaphoreKeys,
+    main_key,
+)
+from aiolock._primitives import KINDS
 
 CID = "0123456789abcdef0123456789abcdef"
 
@@ -214,3 +223,32 @@ def test_eviction_channel_names() -> None:
 
     assert lost_prefix("p") == "p:lost:"
     assert lost_prefix("p", "ABCD") == "p:{ABCD}:lost:"
+
+
+#: The key class of each registered kind.
+KEY_CLASSES: dict[str, Any] = {
+    "lock": LockKeys,
+    "fair_lock": FairKeys,
+    "rw_lock": RWKeys,
+    "semaphore": SemaphoreKeys,
+    "latch": LatchKeys,
+    "redlock": RedlockKeys,
+}
+#: Names that are no key holding state: wake-up lists, templates, local names.
+NOT_STATE = {"signal", "wsignal", "local", "wait_prefix", "channel_prefix", "signal_prefix"}
+
+
+def test_the_key_classes_build_the_declared_layout() -> None:
+    """Every key a kind's key class names that holds state is a part its spec
+    declares (aiolock/_core/kinds.py), and the other way round: the layout
+    the command line reads is the one the scripts are given."""
+    assert set(KEY_CLASSES) == {spec.name for spec in KINDS}
+    main = main_key("p", "n")
+    for spec in KINDS:
+        keys = KEY_CLASSES[spec.name].of("p", "n")
+        named = {
+            value[len(main) :]
+            for field, value in _names(keys).items()
+            if isinstance(value, str) and value.startswith(main) and field not in NOT_STATE
+        }
+        assert named == {part.suffix for part in spec.parts}, spec.name
