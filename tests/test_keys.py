@@ -17,15 +17,7 @@ from typing import Any
 import pytest
 
 from aiolock import Client
-from aiolock._core.keys import (
-    FairKeys,
-    LatchKeys,
-    LockKeys,
-    RedlockKeys,
-    RWKeys,
-    SemaphoreKeys,
-    main_key,
-)
+from aiolock._core.keys import FairKeys, LatchKeys, LockKeys, RWKeys, SemaphoreKeys, main_key
 from aiolock._primitives import KINDS
 
 CID = "0123456789abcdef0123456789abcdef"
@@ -225,27 +217,18 @@ def test_eviction_channel_names() -> None:
     assert lost_prefix("p", "ABCD") == "p:{ABCD}:lost:"
 
 
-#: The key class of each registered kind.
-KEY_CLASSES: dict[str, Any] = {
-    "lock": LockKeys,
-    "fair_lock": FairKeys,
-    "rw_lock": RWKeys,
-    "semaphore": SemaphoreKeys,
-    "latch": LatchKeys,
-    "redlock": RedlockKeys,
-}
 #: Names that are no key holding state: wake-up lists, templates, local names.
 NOT_STATE = {"signal", "wsignal", "local", "wait_prefix", "channel_prefix", "signal_prefix"}
 
 
 def test_the_key_classes_build_the_declared_layout() -> None:
-    """Every key a kind's key class names that holds state is a part its spec
-    declares (aiolock/_core/kinds.py), and the other way round: the layout
+    """Every key a kind's key class (its spec's ``keys``) names that holds
+    state is a part its spec declares (aiolock/_core/kinds.py), and the other way round: the layout
     the command line reads is the one the scripts are given."""
-    assert set(KEY_CLASSES) == {spec.name for spec in KINDS}
     main = main_key("p", "n")
     for spec in KINDS:
-        keys = KEY_CLASSES[spec.name].of("p", "n")
+        assert spec.keys is not None, f"{spec.name}: no key class declared"
+        keys = spec.keys("p", "n")
         named = {
             value[len(main) :]
             for field, value in _names(keys).items()

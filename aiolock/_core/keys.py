@@ -71,6 +71,7 @@ RELEASED = ":r"  # semaphore: recently released
 REDLOCK = ":rl"  # Redlock: the lock key
 REDLOCK_FENCE = ":rl:fence"  # Redlock: this master's fence counter
 
+
 def main_key(prefix: str, name: str) -> str:
     """The main key of primitive ``name``: ``<prefix>:{<name>}`` (its hash tag is ``{<name>}``)."""
     return f"{prefix}:{{{name}}}"

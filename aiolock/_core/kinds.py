@@ -265,6 +265,8 @@ class KindSpec:
     ``counter_note`` (a line when the fencing counter is known, formatted
     with ``last_token``), ``holder_note`` (a line when it is held),
     ``holds_counted`` (whether Redis records a hold count per holder).
+    ``keys``: its key class's ``of(prefix, name)`` (the names its scripts are
+    given; tests/test_keys.py checks they are ``parts``).
     """
 
     name: str
@@ -276,6 +278,7 @@ class KindSpec:
     renewals: tuple[str, ...] = ()
     release: Release | None = None
     cannot_release: str = ""
+    keys: Callable[[str, str], object] | None = None
     gate: bool = False
     foreign: bool = False
     waiters_recorded: bool = True

@@ -610,4 +610,5 @@ KIND = kinds.KindSpec(
     wakeups=(":signal", r":sig:[0-9a-f]+"),
     renewals=("renew", "fair_live"),
     release=kinds.Release("fair_lock", "fair_force_release"),
+    keys=FairKeys.of,
 )

@@ -234,6 +234,7 @@ KIND = KindSpec(
     claims=lambda fields: "c" in fields or "g" in fields,
     wakeups=(":signal",),
     cannot_release="count_down() opens it",
+    keys=LatchKeys.of,
     gate=True,
     waiters_recorded=False,
     not_shown="tasks in wait() are not recorded in Redis",

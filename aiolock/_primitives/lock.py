@@ -902,6 +902,7 @@ KIND = kinds.KindSpec(
     wakeups=(":signal",),
     renewals=("renew",),
     release=kinds.Release("lock", "force_release"),
+    keys=LockKeys.of,
     not_shown="a waiting Client registers one task (in pub/sub notify mode); its other "
     "waiting tasks, and tasks queued inside the holder's own Client, are not in Redis",
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from .._core import kinds
-from .._core.keys import REDLOCK, REDLOCK_FENCE
+from .._core.keys import REDLOCK, REDLOCK_FENCE, RedlockKeys
 
 __all__ = ["KIND"]
 
@@ -46,6 +46,7 @@ KIND = kinds.KindSpec(
     read=_read,
     renewals=("redlock_renew",),
     cannot_release="a Redlock spans several masters",
+    keys=RedlockKeys.of,
     waiters_recorded=False,
     not_shown="its waiters are not recorded in Redis",
     holds_counted=False,

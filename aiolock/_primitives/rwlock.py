@@ -823,6 +823,7 @@ KIND = kinds.KindSpec(
     wakeups=(":signal", ":wsignal"),
     renewals=("rw_renew", "rw_renew_wait"),
     release=kinds.Release("rw_lock", "rw_force_release"),
+    keys=RWKeys.of,
     not_shown="a waiting writer registers only while readers hold the lock, one per "
     "Client (its other writers queue inside it); parked readers are recorded per "
     "Client, not per task",

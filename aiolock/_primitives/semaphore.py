@@ -667,6 +667,7 @@ KIND = kinds.KindSpec(
     wakeups=(":signal",),
     renewals=("sem_renew",),
     release=kinds.Release("semaphore", "sem_force_release", _permits, _released),
+    keys=SemaphoreKeys.of,
     not_shown="only the waiter that has waited longest (its claim) is recorded; "
     "the other waiters are not in Redis",
     summary="{in_use} of {permits} permits in use",

@@ -5,10 +5,13 @@ round trip of ``TYPE`` / ``PTTL`` / ``HGETALL`` / ``ZRANGE`` / ``LRANGE`` /
 ``GET`` and the server's ``TIME``; never ``KEYS``, never a write), describe
 it (``aiolock.cli.ops_state``) and print it as text or JSON. In a Redis
 Cluster every master is scanned. Only ``force-release`` writes, through the
-library's own force-release of the kind it found (``client.lock(name)``,
-``client.fair_lock(name)``, ``client.rw_lock(name)``,
-``client.semaphore(name, n)``), which keeps the fencing counter (and a
-semaphore's N) and wakes the waiters.
+library's own force-release of the kind it found (the kind's declared
+``Release``: ``client.lock(name)``, ``client.fair_lock(name)``,
+``client.rw_lock(name)``, ``client.semaphore(name, n)``), which keeps the
+fencing counter (and a semaphore's N) and wakes the waiters. What a kind
+keeps, how it reads and how it is worded come from its declaration
+(``aiolock._core.kinds``, ``aiolock._primitives.KINDS``): no code here
+names a kind.
 
 Exit codes: 0 done; 1 nothing found or nothing done (``inspect`` of an
 unknown name, ``force-release`` of a name nobody holds, or declined); 2 a
