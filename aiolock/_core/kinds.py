@@ -3,9 +3,10 @@
 A kind is what Redis can tell apart under a name: ``lock`` (AsyncLock, and
 SpinLock and a MultiLock's parts, which are that lock), ``fair_lock``,
 ``rw_lock``, ``semaphore``, ``latch``, ``redlock`` (one master's part of a
-Redlock lock). Each kind's module declares its ``KindSpec`` next to its
-class, and ``aiolock/_primitives/__init__.py`` lists them (``KINDS``: the
-one registration). A spec says:
+Redlock lock). Each kind declares its ``KindSpec`` once, in
+``aiolock/_primitives/<name>_kind.py`` beside its class's module (data and
+a pure reader: no runtime), and ``aiolock/_primitives/__init__.py`` lists
+them (``KINDS``: the one registration). A spec says:
 
 * its **name** (as the command line shows it) and the words that name it in
   sentences;

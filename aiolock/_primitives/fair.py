@@ -37,14 +37,12 @@ ms>:<grace ms>:<mode>`` (see ``scripts/_fair_queue.lua`` for the layout).
 from __future__ import annotations
 
 import asyncio
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .._core import kinds
 from .._core.errors import ClientClosedError
 from .._core.futures import expire, retrieve
-from .._core.keys import FENCE, QUEUE, FairKeys
+from .._core.keys import FairKeys
 from .._core.lease import Hold, Lease
 from .._core.listener import WAKE_ALL, Channel
 from .._core.owner import task_serial
@@ -55,7 +53,7 @@ from .base import SingleHolder, _Entry, compete, current_task, ttl_hint
 if TYPE_CHECKING:
     from .._core.engine import Engine
 
-__all__ = ["KIND", "FairLock"]
+__all__ = ["FairLock"]
 
 _MODES = {"pubsub": "p", "list": "l", "poll": "x"}
 
@@ -543,72 +541,3 @@ class FairLock(SingleHolder):
         if state is None:
             return (), 0
         return state.held, state.waiting()
-
-
-# --------------------------------------------------------------------------- the kind
-
-# Member formats (scripts/_fair_queue.lua): a holder is a field of the main
-# hash, a waiter id ``<client id>:<task serial>:<n>:<n>:<n>:<letter>`` -> its
-# hold count, beside ``~fence``; the queue holds waiter ids scored by their
-# place (>= 1) and each Client's liveness ``~<client id>`` scored by minus its
-# lapse time (ms): a waiter counts while its Client is alive.
-_WID = re.compile(r"^([0-9a-f]+):(\d+):\d+:\d+:\d+:[a-z]$")
-
-
-def _claims(fields: Mapping[str, str]) -> bool:
-    return any(_WID.match(f) for f in fields)
-
-
-def _read(raw: kinds.RawName, main: kinds.RawKey | None) -> kinds.Description | None:
-    if main is None:
-        return None
-    fields: dict[str, str] = main.value
-    ttl = kinds.ttl(main.pttl)
-    token = kinds.to_int(fields.get("~fence"))
-    holders = []
-    for f, v in fields.items():
-        m = _WID.match(f)
-        if m:
-            owner, count = f"{m[1]}:{m[2]}", kinds.to_int(v) or 1
-            holders.append(kinds.Holder(owner, m[1], int(m[2]), "exclusive", ttl, token, count))
-    waiters = []
-    q = raw.get(QUEUE, "zset")
-    entries = q.value if q else []
-    alive = {
-        member[1:]: -score
-        for member, score in entries
-        if member.startswith("~") and -score > raw.now_ms
-    }
-    for member, score in entries:
-        m = _WID.match(member)
-        if m and score >= 1 and m[1] in alive:
-            owner, lapse = f"{m[1]}:{m[2]}", kinds.left(alive[m[1]], raw.now_ms)
-            waiters.append(kinds.Waiter(m[1], "queued", lapse, int(m[2]), owner))
-    last, released = kinds.fence_of(raw, FENCE)
-    return kinds.Description(
-        KIND,
-        raw.name,
-        main.key,
-        ttl,
-        tuple(holders),
-        tuple(waiters),
-        last_token=last,
-        last_released=released,
-    )
-
-
-KIND = kinds.KindSpec(
-    name="fair_lock",
-    words="fair lock",
-    parts=(
-        kinds.Part("", "hash", "the holder (waiter id -> holds), ~fence its token"),
-        kinds.Part(FENCE, "hash", "fencing counter: t last issued, r last released, b bound"),
-        kinds.Part(QUEUE, "zset", "the FIFO queue of waiter ids and the Clients' liveness"),
-    ),
-    read=_read,
-    claims=_claims,
-    wakeups=(":signal", r":sig:[0-9a-f]+"),
-    renewals=("renew", "fair_live"),
-    release=kinds.Release("fair_lock", "fair_force_release"),
-    keys=FairKeys.of,
-)

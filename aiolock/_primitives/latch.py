@@ -10,7 +10,6 @@ from redis.exceptions import NoScriptError
 from .._core.errors import InvalidArgumentError, InvalidArgumentTypeError
 from .._core.futures import retrieve
 from .._core.keys import LatchKeys
-from .._core.kinds import Description, KindSpec, Part, RawKey, RawName, to_int, ttl
 from .._core.lease import Hold
 from .._core.options import LockStatistics
 from .._core.validate import check_timeout
@@ -215,27 +214,3 @@ class _LatchState:
 
     def close(self) -> None:
         return None  # parked tasks are failed by their channel or by compete()
-
-
-# The kind (aiolock/_core/kinds.py): one hash, ``c`` its count, ``g`` how many times it opened.
-def _read_latch(raw: RawName, main: RawKey | None) -> Description | None:
-    if main is None:
-        return None
-    count, generation = (to_int(main.value.get(f)) or 0 for f in ("c", "g"))
-    details = {"count": count, "generation": generation}
-    return Description(KIND, raw.name, main.key, ttl(main.pttl), details=details)
-
-
-KIND = KindSpec(
-    name="latch",
-    words="latch",
-    parts=(Part("", "hash", "the count (c) and how many times it opened (g)"),),
-    read=_read_latch,
-    claims=lambda fields: "c" in fields or "g" in fields,
-    wakeups=(":signal",),
-    cannot_release="count_down() opens it",
-    keys=LatchKeys.of,
-    gate=True,
-    waiters_recorded=False,
-    not_shown="tasks in wait() are not recorded in Redis",
-)

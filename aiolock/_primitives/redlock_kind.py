@@ -1,8 +1,9 @@
 """The Redlock kind: one master's part of a Redlock lock (aiolock/_redlock.py).
 
-Declared here, below ``aiolock._redlock`` in the layers, so that the
-registry (``aiolock/_primitives/__init__.py``) can list it and the Redlock
-module can import it; it holds no runtime code.
+Its declaration (aiolock/_core/kinds.py): layout, member formats and reader,
+operations. Data and a pure reader, no runtime; below ``aiolock._redlock``
+in the layers, so that the registry (``aiolock/_primitives/__init__.py``)
+lists it and the Redlock module may import it.
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ them into a ``NameState``: one ``Primitive`` per anchor found under that
 name (its main key is a lock, fair lock, read-write lock, semaphore or
 latch; a Redlock lock of the same name has keys of its own), with its
 holders, its waiters and its fencing counter. Nothing here knows a kind:
-each kind declares its layout, member formats and reader once, next to its
-class (``aiolock._core.kinds.KindSpec``, registered in
-``aiolock._primitives.KINDS``); the key names are ``aiolock._core.keys``'s.
+each kind declares its layout, member formats and reader once, in its
+``aiolock/_primitives/<name>_kind.py`` (``aiolock._core.kinds.KindSpec``,
+registered in ``aiolock._primitives.KINDS``); the key names are
+``aiolock._core.keys``'s.
 
 Times: every expiry is given as milliseconds left (``ttl_ms``), counted from
 the server clock (``RawName.now_ms``, read in the same round trip), or from
