@@ -26,7 +26,7 @@ from aiolock import (
     LockTimeoutError,
     Redlock,
 )
-from aiolock._redlock import ATTEMPT_LIMIT, MASTER_TIMEOUT, UNDO_WAIT
+from aiolock._redlock import ATTEMPT_LIMIT, MASTER_TIMEOUT, UNDO_WAIT, QuorumEngine, quorum_of
 from tests.core_util import eventually
 from tests.servers import ServerProcess, TcpProxy, binary_for, find_free_port
 
@@ -109,14 +109,17 @@ async def _nothing_held(masters: list[ServerProcess], name: str, *redlocks: Redl
         what=f"no key of {name!r} left: {[s.execute('GET', _lock_key(name)) for s in up]}",
     )
     await eventually(
-        lambda: not any(_held_on(s, name) for s in up) and not any(rl._holds for rl in redlocks),
+        lambda: (
+            not any(_held_on(s, name) for s in up)
+            and not any(quorum_of(rl).holds for rl in redlocks)
+        ),
         what=f"no key of {name!r} left, no hold",
     )
 
 
 async def _seeds_sent(rl: Redlock) -> None:
     """Waits for the seeds ``rl`` has under way (its background ``_quietly`` calls)."""
-    for master in rl._masters:
+    for master in quorum_of(rl).masters:
         seeds = [t for t in master.engine.background if "_quietly" in repr(t.get_coro())]
         await asyncio.gather(*seeds)
 
@@ -231,15 +234,15 @@ async def test_waiter_wakes_on_release_not_by_polling(
     lease = await holder.lock("wake").acquire()  # watchdog lease: 30 s TTL, renewed every 10 s
     channel = f"{_lock_key('wake')}:ch".encode()
     attempts: list[asyncio.Future[Any]] = []  # the waiter's attempts (one round each)
-    attempt = Redlock._attempt
+    attempt = QuorumEngine.attempt
 
-    def counted(self: Redlock, *args: Any) -> asyncio.Future[Any]:
+    def counted(self: QuorumEngine, *args: Any) -> asyncio.Future[Any]:
         future = asyncio.ensure_future(attempt(self, *args))
-        if self is waiter:
+        if self is quorum_of(waiter):
             attempts.append(future)
         return future
 
-    monkeypatch.setattr(Redlock, "_attempt", counted)
+    monkeypatch.setattr(QuorumEngine, "attempt", counted)
     got: asyncio.Future[float] = asyncio.get_running_loop().create_future()
 
     async def wait_for_it() -> None:
@@ -348,14 +351,14 @@ async def test_master_back_empty_is_not_trusted_for_lost_counters(
     # generation was 2 * ATTEMPT_LIMIT old must: its reply would otherwise be
     # more than ATTEMPT_LIMIT late, longer than an attempt may take.
     read_b: list[int] = []  # tokens whose attempt by p3 has handled B's reply
-    real_seed = Redlock._seed
+    real_seed = QuorumEngine.seed
 
-    def seed(self: Redlock, name: str, token: int, i: int, reply: Any, *rest: Any) -> None:
-        if self is p3 and i == 1 and isinstance(reply, list):
+    def seed(self: QuorumEngine, name: str, token: int, i: int, reply: Any, *rest: Any) -> None:
+        if self is quorum_of(p3) and i == 1 and isinstance(reply, list):
             read_b.append(token)
         real_seed(self, name, token, i, reply, *rest)
 
-    monkeypatch.setattr(Redlock, "_seed", seed)
+    monkeypatch.setattr(QuorumEngine, "seed", seed)
     created = int(b.execute("GET", "aiolock:redlock:gen").split("/")[1])
     await eventually(
         lambda: _server_clock_us(b) - created > ATTEMPT_LIMIT * 1_000_000,
@@ -486,7 +489,7 @@ async def test_holder_gets_lock_lost_when_the_quorum_is_lost(
     # Lost within its lease (1.5 s from the last renewal), with some slack.
     assert time.monotonic() - start < 1.5 + 1.5
     await eventually(lambda: lost_seen == [True], what="the on_lost callback")
-    assert rl._holds == {}
+    assert quorum_of(rl).holds == {}
 
 
 # -- cancellation -----------------------------------------------------------------------------
@@ -539,7 +542,7 @@ async def test_cancelled_waiter_and_cancelled_release(
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
-    assert other._holds == {}
+    assert quorum_of(other).holds == {}
     # A release cancelled at any step still completes.
     for steps in (1, 2, 3, 5):  # (at 0 the release would not have begun)
         releasing = asyncio.create_task(lease.release())
@@ -780,7 +783,7 @@ async def test_force_release_tells_the_holder_at_once(
         lambda: all(
             m.engine.evictions._channels
             and all(c.is_confirmed for c in m.engine.evictions._channels.values())
-            for m in holder._masters
+            for m in quorum_of(holder).masters
         ),
         what="the eviction channels confirmed on every master",
     )
