@@ -9,7 +9,9 @@ for one process; two Redlocks over the same masters for two processes.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -812,3 +814,124 @@ async def test_a_fixed_lease_deleted_on_the_masters_is_reported(
     with pytest.raises(LockLostError, match="gone on a majority"):
         await asyncio.wait_for(body, 3.0)  # one round (0.5 s) and a round trip, under load
     assert int(ttl) > 50_000  # (a fixed lease of 60 s: never extended by the check)
+
+
+# -- the contract suite's clauses, for RedlockLock (tests/test_contract.py) ---------------------
+
+
+def _quiet(*redlocks: Redlock) -> bool:
+    """No hold, waiter, subscription, command in flight or background task left."""
+    for rl in redlocks:
+        q = quorum_of(rl)
+        if q.holds or q.waiting:
+            return False
+        for master in q.masters:
+            s = master.engine.statistics()
+            if s.waiting or s.subscriptions or s.in_flight or s.background:
+                return False
+    return True
+
+
+async def _assert_clean(*redlocks: Redlock) -> None:
+    await eventually(lambda: _quiet(*redlocks), what="the Redlocks to be quiet")
+
+
+async def test_contract_exclusion(make_redlock: MakeRedlock) -> None:
+    a, b = await make_redlock(), await make_redlock()
+    inside = peak = 0
+
+    async def worker(rl: Redlock) -> None:
+        nonlocal inside, peak
+        lock = rl.lock("x")
+        for _ in range(4):
+            async with lock:
+                inside += 1
+                peak = max(peak, inside)
+                assert inside == 1
+                await asyncio.sleep(0.001)
+                inside -= 1
+
+    await asyncio.wait_for(asyncio.gather(*(worker(rl) for rl in (a, b) for _ in range(4))), 120)
+    assert peak == 1
+    await _assert_clean(a, b)
+
+
+async def test_contract_try_acquire_never_blocks_and_timeout_honoured(
+    make_redlock: MakeRedlock,
+) -> None:
+    a, b = await make_redlock(), await make_redlock()
+    held = await b.lock("t").acquire()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    assert await a.lock("t").try_acquire() is None
+    assert loop.time() - start < 10.0  # one round (the holder's lease is 30 s)
+    assert quorum_of(a).waiting == {}
+    start = loop.time()
+    with pytest.raises(LockTimeoutError):
+        await a.lock("t").acquire(timeout=0.3)
+    assert 0.25 <= loop.time() - start < 0.3 + 3.0
+    await held.release()
+    got = await a.lock("t").try_acquire()
+    assert got is not None
+    await got.release()
+    await _assert_clean(a, b)
+
+
+async def test_contract_lost_lease_cancels_body(make_redlock: MakeRedlock) -> None:
+    rl = await make_redlock()
+    finished = False
+    with pytest.raises(LockLostError):
+        async with rl.lock("lost")(lease=0.2):
+            await asyncio.sleep(30)
+            finished = True
+    assert not finished
+    await _assert_clean(rl)
+
+
+async def test_contract_fencing_tokens_increase(make_redlock: MakeRedlock) -> None:
+    redlocks = (await make_redlock(), await make_redlock())
+    tokens = []
+    for i in range(6):
+        lease = await redlocks[i % 2].lock("f").acquire()
+        tokens.append(lease.fencing_token)
+        await lease.release()
+    assert all(x < y for x, y in itertools.pairwise(tokens)), tokens
+    await _assert_clean(*redlocks)
+
+
+async def test_contract_random_cancellation_leaves_nothing(
+    make_redlock: MakeRedlock, masters: list[ServerProcess]
+) -> None:
+    rng = random.Random(7)
+    loop = asyncio.get_running_loop()
+    redlocks = (await make_redlock(), await make_redlock())
+
+    async def contender(rl: Redlock) -> None:
+        lock = rl.lock("z")
+        if rng.random() < 0.5:
+            async with lock:
+                await asyncio.sleep(0)
+        else:
+            lease = await lock.try_acquire(wait=rng.choice([0.0, 0.01]))
+            if lease is not None:
+                await lease.release()
+
+    for _ in range(20):
+        tasks = [asyncio.create_task(contender(rng.choice(redlocks))) for _ in range(6)]
+        for task in tasks:
+            if rng.random() < 0.7:
+                loop.call_later(rng.uniform(0, 0.004), task.cancel)
+        for result in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(result, BaseException) and not isinstance(
+                result, asyncio.CancelledError | TimeoutError
+            ):
+                raise result
+    await _assert_clean(*redlocks)
+    await _nothing_held(masters, "z", *redlocks)
+    # Every key left expires by itself (the fence counter), but the masters'
+    # generation and roster, which are kept for ever by design.
+    for server in masters:
+        for key in server.execute("KEYS", "aiolock:*"):
+            if key in ("aiolock:redlock:gen", "aiolock:redlock:roster"):
+                continue
+            assert int(server.execute("PTTL", key)) > 0, f"{key} is left behind with no TTL"
