@@ -145,7 +145,8 @@ def check_on_lost(value: object) -> OnLost:
 
 
 class Contender(Protocol):
-    """What ``compete`` needs of its engine: ``Engine``, or a ``Redlock`` over several."""
+    """What ``compete`` needs of its engine: ``Engine``, or Redlock's
+    ``QuorumEngine`` over several."""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None: ...
