@@ -935,3 +935,31 @@ async def test_contract_random_cancellation_leaves_nothing(
             if key in ("aiolock:redlock:gen", "aiolock:redlock:roster"):
                 continue
             assert int(server.execute("PTTL", key)) > 0, f"{key} is left behind with no TTL"
+
+
+async def test_the_watchdog_keeps_a_hold_past_its_lease(
+    make_redlock: MakeRedlock, masters: list[ServerProcess]
+) -> None:
+    """A hold without ``lease=`` outlives its lease: the plain Watchdog renews
+    it on every master (QuorumEngine.renew_batch), every validity / 3."""
+    rl = await make_redlock(lease=1.5)
+    lock = rl.lock("kept")
+    lease = await lock.acquire()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    renewals = 0
+    last = 1500
+
+    def alive_and_renewed() -> bool:
+        nonlocal renewals, last
+        ttl = min(int(s.execute("PTTL", _lock_key("kept"))) for s in masters)
+        assert ttl > 0, "the hold expired on a master"
+        if ttl > last + 200:  # its TTL went back up: a renewal round
+            renewals += 1
+        last = ttl
+        return loop.time() - start > 3 * 1.5 and renewals >= 2
+
+    await eventually(alive_and_renewed, timeout=20, what="two lease lengths renewed")
+    assert not lease.lost and await lock.is_owned()
+    await lease.release()
+    await _nothing_held(masters, "kept", rl)
