@@ -88,7 +88,7 @@ class Redlock:
 
     def lock(self, name: str) -> RedlockLock:
         """The lock ``name`` over these masters (cheap: no I/O)."""
-        return RedlockLock(self._quorum, name)
+        return RedlockLock(self, name)
 
     def __repr__(self) -> str:
         q = self._quorum
@@ -134,9 +134,9 @@ class RedlockLock(HeldByTask):
     kind = "redlock"
     _kind = "Redlock"
 
-    def __init__(self, quorum: QuorumEngine, name: str) -> None:
+    def __init__(self, redlock: Redlock, name: str) -> None:
         self.name = check_name(name)
-        self._quorum = quorum
+        self._quorum = redlock._quorum
         # The ``async with`` entries of each task (the shared base's ``_Entry``).
         self._entry_map: dict[asyncio.Task[Any], list[Any]] = {}
 
