@@ -73,10 +73,6 @@ class Attempting(Protocol):
     ) -> None: ...
 
 
-def _read(reply: Any) -> Read | BaseException | None:
-    return Read.parse(reply) if isinstance(reply, list) else reply
-
-
 async def attempt(
     q: Attempting, name: str, value: str, lease_s: float, loop: asyncio.AbstractEventLoop
 ) -> Outcome:
@@ -113,14 +109,24 @@ async def attempt(
         )
         for m in masters
     ]
-    replies = await quorum(
-        calls, per_call, lambda rs: fencing.decided([_read(r) for r in rs], n, majority), late
-    )
+    parsed: dict[int, Read] = {}  # each reply parsed once
+
+    def read(i: int, reply: Any) -> Read | BaseException | None:
+        if not isinstance(reply, list):
+            return reply  # type: ignore[no-any-return]
+        if i not in parsed:
+            parsed[i] = Read.parse(reply)
+        return parsed[i]
+
+    def decided(rs: list[Any]) -> bool:
+        return fencing.decided([read(i, r) for i, r in enumerate(rs)], n, majority)
+
+    replies = await quorum(calls, per_call, decided, late)
     for r in replies:
         if isinstance(r, BaseException) and not transient(r):
             await q.undo_and_wait(name, value, replies)
             raise r
-    reads = [Read.parse(r) for r in replies if isinstance(r, list)]
+    reads = [r for r in (read(i, x) for i, x in enumerate(replies)) if isinstance(r, Read)]
     if fencing.same_server(reads):
         await q.undo_and_wait(name, value, replies)
         raise InvalidArgumentError(

@@ -145,16 +145,20 @@ class QuorumEngine:
         happens to its caller (a task of the first master's Engine)."""
         outcome: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         hold.releasing = outcome
-        self.spawn(self._release(hold, outcome))
-        return outcome
-
-    async def _release(self, hold: Hold, outcome: asyncio.Future[int]) -> None:
         name, value = hold.name, hold.release_args[0]
-        majority = self.majority
+        # Sent now, before the task that gathers the replies first runs.
         calls = [
             m.script("redlock_release", (m.lock_key(name),), (value, m.channel(name)))
             for m in self.masters
         ]
+        self.spawn(self._release(hold, outcome, calls))
+        return outcome
+
+    async def _release(
+        self, hold: Hold, outcome: asyncio.Future[int], calls: list[asyncio.Future[Any]]
+    ) -> None:
+        name, value = hold.name, hold.release_args[0]
+        majority = self.majority
         try:
             replies = await quorum(
                 calls, MASTER_TIMEOUT, lambda rs: rs.count(1) >= majority, _keep_going
