@@ -68,6 +68,7 @@ __all__ = [
     "TRANSIENT",
     "Acquirable",
     "Contender",
+    "HeldByTask",
     "LockLike",
     "OnLost",
     "Primitive",
@@ -144,7 +145,8 @@ def check_on_lost(value: object) -> OnLost:
 
 
 class Contender(Protocol):
-    """What ``compete`` needs of its engine: ``Engine``, or a ``Redlock`` over several."""
+    """What ``compete`` needs of its engine: ``Engine``, or Redlock's
+    ``QuorumEngine`` over several."""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None: ...
@@ -738,22 +740,26 @@ class Acquirable(LockLike[L]):
             return None
 
 
-class SingleHolder(Primitive, Acquirable[Lease]):
-    """Queries and ``release()`` of a lock one task holds at a time (AsyncLock, FairLock)."""
+class HeldByTask(Acquirable[Lease]):
+    """``release()`` and ``hold_count()`` of a lock one task holds at a time,
+    over whatever engine holds it: a Client's (``SingleHolder``) or Redlock's
+    quorum engine (``RedlockLock``). Its hooks: ``_my_hold()``, ``_enter()``
+    (binds the loop on first use) and ``_check_usable()``."""
 
     __slots__ = ()
 
     #: How errors name this kind of lock.
     _kind = "lock"
-    #: The read-only script that checks a hold in Redis (see owned.lua).
-    _owned_script = "owned"
 
     def _my_hold(self) -> Hold | None:
         """The current task's hold of this lock in this Client, if any."""
         raise NotImplementedError
 
-    def _owned_args(self, hold: Hold) -> tuple[Any, ...]:
-        return hold.renew_args
+    def _enter(self) -> None:
+        raise NotImplementedError
+
+    def _check_usable(self) -> None:
+        raise NotImplementedError
 
     async def release(self) -> None:
         """Release the current task's most recent acquisition of this lock.
@@ -762,7 +768,7 @@ class SingleHolder(Primitive, Acquirable[Lease]):
         lease was lost). If cancelled while the release is on the wire, the
         release still completes.
         """
-        self._engine.check_usable()
+        self._check_usable()
         hold = self._my_hold()
         if hold is None or not hold.leases:
             raise LockNotOwnedError(
@@ -770,6 +776,30 @@ class SingleHolder(Primitive, Acquirable[Lease]):
                 "release it from the task that acquired it, or call lease.release()"
             )
         await hold.leases[-1].release()
+
+    async def hold_count(self) -> int:
+        """How many times the current task holds the lock (0 if not). No round trip."""
+        self._enter()
+        hold = self._my_hold()
+        return hold.count if hold is not None else 0
+
+
+class SingleHolder(Primitive, HeldByTask):
+    """Queries and ``release()`` of a lock one task holds at a time (AsyncLock, FairLock)."""
+
+    __slots__ = ()
+
+    #: The read-only script that checks a hold in Redis (see owned.lua).
+    _owned_script = "owned"
+
+    def _enter(self) -> None:
+        self._engine.enter()
+
+    def _check_usable(self) -> None:
+        self._engine.check_usable()
+
+    def _owned_args(self, hold: Hold) -> tuple[Any, ...]:
+        return hold.renew_args
 
     async def is_locked(self) -> bool:
         """True if anyone (any client) holds the lock right now (one round trip)."""
@@ -788,12 +818,6 @@ class SingleHolder(Primitive, Acquirable[Lease]):
             hold.gone("the hold was gone when checked")
             return False
         return True
-
-    async def hold_count(self) -> int:
-        """How many times the current task holds the lock (0 if not). No round trip."""
-        self._engine.enter()
-        hold = self._my_hold()
-        return hold.count if hold is not None else 0
 
     async def remaining_ttl(self) -> float | None:
         """Seconds until the current hold expires (whoever holds it); None if unlocked."""
