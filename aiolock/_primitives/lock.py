@@ -213,7 +213,7 @@ class LocalQueue:
         ):
             return self._pass_locally(hold, turn)
         loop = asyncio.get_running_loop()
-        if engine.ack is not None:
+        if not engine.grants_by_release:
             # Replicas must acknowledge every grant, and the handoff script
             # grants on the main lane: release plainly instead, and the next
             # local task competes on the acknowledged lane (release_hold's end
@@ -626,7 +626,7 @@ class AsyncLock(SingleHolder):
         tail = (self._channel, self._names.wait_prefix)
         # Not with replicas acknowledging: a grant by another Client's release
         # is taken without a round trip, so nothing would wait for the replicas.
-        targeted = self._targeted and engine.notify == "pubsub" and engine.ack is None
+        targeted = self._targeted and engine.notify == "pubsub" and engine.grants_by_release
         # This task's entry in the waiting set: a watchdog hold may be granted
         # to it by a release (for one Client lease, renewed as any other); a
         # fixed lease is only woken (see scripts/_wake.lua).
