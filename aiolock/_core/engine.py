@@ -41,7 +41,7 @@ import logging
 import math
 import secrets
 from collections.abc import Callable, Coroutine, Hashable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -73,6 +73,7 @@ from .scripts import Script, load_scripts
 from .undo import Call, OnReply, Undo
 from .validate import to_ms
 from .verifier import Verifier
+from .view import EngineView
 from .watchdog import Renewable, Watchdog
 
 __all__ = ["Call", "ClientStatistics", "Engine", "Notify", "Undo"]
@@ -662,3 +663,10 @@ class Engine:
     def verifier(self) -> asyncio.Task[None] | None:
         """The running (or last) verification of the holds after a connection reset."""
         return self._verifier.task
+
+
+if TYPE_CHECKING:
+
+    def _is_a_view(engine: Engine) -> EngineView:
+        """(mypy checks here that the Engine is what every primitive runs on.)"""
+        return engine

@@ -61,7 +61,7 @@ from .._core.outage import Outage
 from .._core.validate import check_lease, check_name, check_timeout
 
 if TYPE_CHECKING:
-    from .._core.engine import Engine
+    from .._core.view import EngineView
 
 __all__ = [
     "REPLY_GRACE",
@@ -469,7 +469,7 @@ class Primitive:
     _keys_type: ClassVar[type[Keys]] = Keys
     _names: Keys
 
-    def __init__(self, engine: Engine, name: str) -> None:
+    def __init__(self, engine: EngineView, name: str) -> None:
         self.name = check_name(name)
         self._engine = engine
         names = self._names = self._keys_type.of(engine.prefix, self.name)

@@ -18,8 +18,9 @@ from .._core.validate import check_lease, check_timeout, to_ms
 from .base import SingleHolder, _Entry, compete, ttl_hint
 
 if TYPE_CHECKING:
-    from .._core.engine import Call, Engine
     from .._core.notify import Waiter
+    from .._core.undo import Call
+    from .._core.view import EngineView
 
 __all__ = ["AsyncLock", "LocalQueue"]
 
@@ -95,7 +96,7 @@ class LocalQueue:
         "yield_next",
     )
 
-    def __init__(self, engine: Engine, key: str, lock: AsyncLock | None = None) -> None:
+    def __init__(self, engine: EngineView, key: str, lock: AsyncLock | None = None) -> None:
         self.engine = engine
         self.key = key
         self.lock = lock
@@ -487,7 +488,7 @@ class AsyncLock(SingleHolder):
     #: (see scripts/_wake.lua); the spin lock only polls.
     _targeted = True
 
-    def __init__(self, engine: Engine, name: str) -> None:
+    def __init__(self, engine: EngineView, name: str) -> None:
         super().__init__(engine, name)
         self._wait_channel = self._names.wait_channel(engine.id)
         self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
