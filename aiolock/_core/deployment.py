@@ -51,7 +51,6 @@ from .redis_compat import ConnectionFactory, SentinelService, sentinel_service
 from .replication import AckedConnection, Acknowledgement, acked_node
 from .scripts import Script, load_scripts
 from .sentinel import SentinelWatch
-from .watchdog import Watchdog
 
 __all__ = [
     "Capabilities",
@@ -89,6 +88,15 @@ class Capabilities:
 STANDALONE = Capabilities()
 
 
+class Rounds(Protocol):
+    """The watchdog, as a deployment sees it: its round (the Sentinel watch
+    asks as often), and its batching of renewals per server."""
+
+    interval: float
+
+    def shard_by(self, slot: Callable[[Any], int], node: Callable[[int], Hashable]) -> None: ...
+
+
 class Wiring(Protocol):
     """What a deployment sets up on the Engine, and reads of it.
 
@@ -106,7 +114,9 @@ class Wiring(Protocol):
     command_timeout: float
     closed: bool
     started: bool
-    watchdog: Watchdog
+    @property
+    def watchdog(self) -> Rounds: ...
+
     scripts: dict[str, Script]
     client_name: str
     new_connection: ConnectionFactory

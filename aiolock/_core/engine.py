@@ -45,14 +45,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .cluster import ShardedListener, Topology
 from .connection import Lane, Orphan
 from .deployment import Capabilities, Deployment, deployment_for
 from .errors import (
+    TRANSIENT,
     ClientClosedError,
     WrongEventLoopError,
     asyncio_required,
@@ -86,7 +85,6 @@ S = TypeVar("S")
 A = TypeVar("A")
 #: Fence counters of names nobody used for this long expire (see DESIGN: fencing).
 FENCE_RETENTION = 24 * 3600.0
-_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)  # OSError: ConnectionFailedError
 _WRONG_LOOP = (
     "this aiolock Client is bound to the event loop it was first used on, and this is "
     "another one. This usually happens when a Client is made at module level or in a "
@@ -595,7 +593,7 @@ class Engine:
         for attempt in range(attempts):
             try:
                 return await self.eval(name, keys, args)
-            except _TRANSIENT:
+            except TRANSIENT:
                 if attempt == attempts - 1 or self.closed:
                     raise
             await asyncio.sleep(delay)
