@@ -36,11 +36,9 @@ from typing import (
     overload,
 )
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from .._core.errors import (
     CANNOT_REACH,
+    TRANSIENT,
     ClientClosedError,
     ConnectionFailedError,
     InvalidArgumentError,
@@ -51,6 +49,7 @@ from .._core.errors import (
     ServerUnavailableError,
     asyncio_required,
     clause,
+    no_reply,
 )
 from .._core.keys import Keys
 from .._core.lease import Hold, Lease
@@ -61,7 +60,7 @@ from .._core.outage import Outage
 from .._core.validate import check_lease, check_name, check_timeout
 
 if TYPE_CHECKING:
-    from .._core.engine import Engine
+    from .._core.view import EngineView
 
 __all__ = [
     "REPLY_GRACE",
@@ -107,8 +106,6 @@ OnLost = Literal["cancel", "ignore"]
 #: However short the caller's timeout, an attempt already on the wire gets
 #: this long for its reply (so ``try_acquire()`` always makes one real try).
 REPLY_GRACE = 1.0
-#: Connection failures (ConnectionFailedError is an OSError): a waiting task retries them.
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
 #: A wait without a timeout that never reached Redis gives up after this many failures.
 FIRST_CONTACT_TRIES = 3
 #: The longest pause between two tries of a wait riding out an outage.
@@ -239,7 +236,7 @@ async def compete(
                 # Never found busy: Redis did not answer (a paused or overloaded
                 # server, a black-holed network), as for a refused port.
                 waited = loop.time() - (began if failure is not None else sent)
-                cause = RedisTimeoutError(
+                cause = no_reply(
                     f"no reply from Redis to the try sent {loop.time() - sent:.1f} s before "
                     "the timeout ran out"
                 )
@@ -471,7 +468,7 @@ class Primitive:
     _keys_type: ClassVar[type[Keys]] = Keys
     _names: Keys
 
-    def __init__(self, engine: Engine, name: str) -> None:
+    def __init__(self, engine: EngineView, name: str) -> None:
         self.name = check_name(name)
         self._engine = engine
         names = self._names = self._keys_type.of(engine.prefix, self.name)

@@ -51,7 +51,7 @@ from .._core.validate import to_ms
 from .base import SingleHolder, _Entry, compete, current_task, ttl_hint
 
 if TYPE_CHECKING:
-    from .._core.engine import Engine
+    from .._core.view import EngineView
 
 __all__ = ["FairLock"]
 
@@ -359,7 +359,7 @@ class FairLock(SingleHolder):
     def _owned_args(self, hold: Hold) -> tuple[Any, ...]:
         return (hold.owner, hold.token)
 
-    def __init__(self, engine: Engine, name: str) -> None:
+    def __init__(self, engine: EngineView, name: str) -> None:
         super().__init__(engine, name)
         self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
 

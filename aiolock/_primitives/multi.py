@@ -23,7 +23,8 @@ from .lock import AsyncLock, LocalQueue, new_queue
 from .spin import SpinLock
 
 if TYPE_CHECKING:
-    from .._core.engine import Call, Engine
+    from .._core.undo import Call
+    from .._core.view import EngineView
 
 __all__ = ["MultiLease", "MultiLock"]
 
@@ -174,7 +175,7 @@ class MultiLock(Acquirable[MultiLease]):
 
     __slots__ = ("_engine", "_entry_map", "_groups", "_held", "_locks", "_reorder", "name")
 
-    def __init__(self, engine: Engine, *locks: AsyncLock) -> None:
+    def __init__(self, engine: EngineView, *locks: AsyncLock) -> None:
         if not locks:
             raise InvalidArgumentError("multi_lock() needs at least one lock")
         seen: set[tuple[str, str]] = set()
@@ -423,7 +424,7 @@ class MultiLock(Acquirable[MultiLease]):
 
 
 async def _compete_group(
-    engine: Engine,
+    engine: EngineView,
     locks: list[AsyncLock],
     states: list[LocalQueue],
     task: asyncio.Task[Any],

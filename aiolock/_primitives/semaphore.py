@@ -36,7 +36,8 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from .._core.engine import Call, Engine
+    from .._core.undo import Call
+    from .._core.view import EngineView
 
 __all__ = ["MAX_PERMITS", "Permit", "Semaphore"]
 
@@ -91,7 +92,7 @@ class _SemState:
 
     __slots__ = ("active", "engine", "held", "key", "parked")
 
-    def __init__(self, engine: Engine, key: str) -> None:
+    def __init__(self, engine: EngineView, key: str) -> None:
         self.engine = engine
         self.key = key
         self.held: dict[Hold, None] = {}
@@ -212,7 +213,7 @@ class Semaphore(Primitive, LockLike[Permit]):
     _names: SemaphoreKeys
     kind = "semaphore"
 
-    def __init__(self, engine: Engine, name: str, permits: int) -> None:
+    def __init__(self, engine: EngineView, name: str, permits: int) -> None:
         super().__init__(engine, name)
         self._permits = check_permits(permits)
         self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
