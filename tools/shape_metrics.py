@@ -56,7 +56,10 @@ def imports_of(mod: str, path: Path, tree: ast.AST, known: set[str]) -> set[str]
                 target = ".".join(parent + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            cands = [target] + [f"{target}.{a.name}" for a in node.names]
+            subs = [f"{target}.{a.name}" for a in node.names]
+            # "from . import x" of a submodule x imports x, not its package
+            # (which is the one being imported, or already is).
+            cands = subs if all(c in known for c in subs) else [target, *subs]
         elif isinstance(node, ast.Import):
             cands = [a.name for a in node.names]
         else:

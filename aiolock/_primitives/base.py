@@ -95,9 +95,9 @@ class LeaseLike(Protocol):
 
     async def release(self) -> None: ...
 
-    def _watch(self, context: _Entry) -> None: ...
+    def _watch(self, context: Entry) -> None: ...
 
-    def _unwatch(self, context: _Entry) -> None: ...
+    def _unwatch(self, context: Entry) -> None: ...
 
 
 L = TypeVar("L", bound=LeaseLike)  # the lease type a primitive returns
@@ -486,7 +486,7 @@ class Primitive:
         return self._engine.loop
 
 
-class _Entry:
+class Entry:
     """One ``async with`` over a lock: cancels its body if the lease is lost."""
 
     __slots__ = ("cancel_requested", "cancelling", "lease", "on_lost", "task")
@@ -525,7 +525,7 @@ class LockLike(Generic[L]):
         """The Client's observer (``_core/observe.py``): every acquisition is counted there."""
         raise NotImplementedError
 
-    def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
+    def _entries(self) -> dict[asyncio.Task[Any], list[Entry]]:
         raise NotImplementedError
 
     def _loop(self) -> asyncio.AbstractEventLoop | None:
@@ -605,7 +605,7 @@ class LockLike(Generic[L]):
     async def _enter_ctx(self, timeout: float | None, lease: float | None, on_lost: OnLost) -> L:
         got = await self._observed(timeout, lease)
         task = current_task()
-        entry = _Entry(got, task, on_lost)
+        entry = Entry(got, task, on_lost)
         self._entries().setdefault(task, []).append(entry)
         got._watch(entry)
         return got

@@ -12,10 +12,10 @@ from .._core.errors import LockTimeoutError
 from .._core.futures import Outcome
 from .._core.keys import LockKeys
 from .._core.lease import Hold, Lease
-from .._core.observe import DEBUG, Attempt, Observer, _attempt, answers, outcome_of
+from .._core.observe import CURRENT_ATTEMPT, DEBUG, Attempt, Observer, answers, outcome_of
 from .._core.parking import Parked, ParkingLot
 from .._core.validate import check_lease, check_timeout, to_ms
-from .base import SingleHolder, _Entry, compete, ttl_hint
+from .base import Entry, SingleHolder, compete, ttl_hint
 
 if TYPE_CHECKING:
     from .._core.notify import Waiter
@@ -491,10 +491,10 @@ class AsyncLock(SingleHolder):
     def __init__(self, engine: EngineView, name: str) -> None:
         super().__init__(engine, name)
         self._wait_channel = self._names.wait_channel(engine.id)
-        self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
+        self._entry_map: dict[asyncio.Task[Any], list[Entry]] = {}
         self._what = f"lock {self.name!r}"
 
-    def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
+    def _entries(self) -> dict[asyncio.Task[Any], list[Entry]]:
         return self._entry_map
 
     # -- acquire -----------------------------------------------------------------------
@@ -592,7 +592,7 @@ class AsyncLock(SingleHolder):
                 state.busy = True
             if observer is not None:
                 attempt = Attempt(observer, self.kind, self.name, started, waited)
-                token = _attempt.set(attempt)
+                token = CURRENT_ATTEMPT.set(attempt)
             try:
                 hold = await self._compete(state, task, lease, deadline, loop)
             except BaseException:
@@ -608,7 +608,7 @@ class AsyncLock(SingleHolder):
             raise
         finally:
             if token is not None:
-                _attempt.reset(token)
+                CURRENT_ATTEMPT.reset(token)
 
     async def _compete(
         self,

@@ -43,7 +43,7 @@ from .._core.notify import Waiter
 from .._core.observe import Observer
 from .._core.parking import Parked, ParkingLot
 from .._core.validate import to_ms
-from .base import Acquirable, Primitive, _Entry, compete, current_task, describe_holders
+from .base import Acquirable, Entry, Primitive, compete, current_task, describe_holders
 
 if TYPE_CHECKING:
     from .._core.undo import Call
@@ -572,9 +572,9 @@ class _Side(Acquirable[Lease]):
     def __init__(self, core: ReadWriteLock) -> None:
         self._core = core
         self.name = core.name
-        self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
+        self._entry_map: dict[asyncio.Task[Any], list[Entry]] = {}
 
-    def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
+    def _entries(self) -> dict[asyncio.Task[Any], list[Entry]]:
         return self._entry_map
 
     def _observer(self) -> Observer:

@@ -137,7 +137,7 @@ class RedlockLock(HeldByTask):
     def __init__(self, redlock: Redlock, name: str) -> None:
         self.name = check_name(name)
         self._quorum = redlock._quorum
-        # The ``async with`` entries of each task (the shared base's ``_Entry``).
+        # The ``async with`` entries of each task (the shared base's ``Entry``).
         self._entry_map: dict[asyncio.Task[Any], list[Any]] = {}
 
     # -- the shared base's hooks ----------------------------------------------------------
