@@ -34,7 +34,7 @@ from ._primitives.rwlock import ReadWriteLock
 from ._primitives.semaphore import Semaphore
 from ._primitives.spin import SpinLock
 
-__all__ = ["Client", "ClientStatistics", "Notify"]
+__all__ = ["Client", "ClientStatistics", "Notify", "engine_of"]
 
 #: ``from_sentinel``: the socket timeouts of each question to a Sentinel, in seconds.
 SENTINEL_TIMEOUT = 2.0
@@ -415,3 +415,10 @@ class Client:
             f"<aiolock.Client {engine.id[:8]} prefix={engine.prefix!r} lease={engine.lease:g}s "
             f"holds={s.holds} waiting={s.waiting} subscriptions={s.subscriptions}>"
         )
+
+
+def engine_of(client: Client) -> Engine:
+    """The Engine of ``client``. Internal to the package (not exported, not
+    public API): the seam for what composes Clients, such as Redlock's
+    quorum engine (aiolock/_redlock/), which runs over each Client's Engine."""
+    return client._engine

@@ -18,6 +18,7 @@ import pytest
 
 from aiolock import Client
 from aiolock._core.keys import FairKeys, LatchKeys, LockKeys, RWKeys, SemaphoreKeys, main_key
+from aiolock._primitives import KINDS
 
 CID = "0123456789abcdef0123456789abcdef"
 
@@ -214,3 +215,23 @@ def test_eviction_channel_names() -> None:
 
     assert lost_prefix("p") == "p:lost:"
     assert lost_prefix("p", "ABCD") == "p:{ABCD}:lost:"
+
+
+#: Names that are no key holding state: wake-up lists, templates, local names.
+NOT_STATE = {"signal", "wsignal", "local", "wait_prefix", "channel_prefix", "signal_prefix"}
+
+
+def test_the_key_classes_build_the_declared_layout() -> None:
+    """Every key a kind's key class (its spec's ``keys``) names that holds
+    state is a part its spec declares (aiolock/_core/kinds.py), and the other way round: the layout
+    the command line reads is the one the scripts are given."""
+    main = main_key("p", "n")
+    for spec in KINDS:
+        assert spec.keys is not None, f"{spec.name}: no key class declared"
+        keys = spec.keys("p", "n")
+        named = {
+            value[len(main) :]
+            for field, value in _names(keys).items()
+            if isinstance(value, str) and value.startswith(main) and field not in NOT_STATE
+        }
+        assert named == {part.suffix for part in spec.parts}, spec.name

@@ -9,7 +9,9 @@ for one process; two Redlocks over the same masters for two processes.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -26,7 +28,7 @@ from aiolock import (
     LockTimeoutError,
     Redlock,
 )
-from aiolock._redlock import ATTEMPT_LIMIT, MASTER_TIMEOUT, UNDO_WAIT
+from aiolock._redlock import ATTEMPT_LIMIT, MASTER_TIMEOUT, UNDO_WAIT, QuorumEngine, quorum_of
 from tests.core_util import eventually
 from tests.servers import ServerProcess, TcpProxy, binary_for, find_free_port
 
@@ -109,14 +111,17 @@ async def _nothing_held(masters: list[ServerProcess], name: str, *redlocks: Redl
         what=f"no key of {name!r} left: {[s.execute('GET', _lock_key(name)) for s in up]}",
     )
     await eventually(
-        lambda: not any(_held_on(s, name) for s in up) and not any(rl._holds for rl in redlocks),
+        lambda: (
+            not any(_held_on(s, name) for s in up)
+            and not any(quorum_of(rl).holds for rl in redlocks)
+        ),
         what=f"no key of {name!r} left, no hold",
     )
 
 
 async def _seeds_sent(rl: Redlock) -> None:
     """Waits for the seeds ``rl`` has under way (its background ``_quietly`` calls)."""
-    for master in rl._masters:
+    for master in quorum_of(rl).masters:
         seeds = [t for t in master.engine.background if "_quietly" in repr(t.get_coro())]
         await asyncio.gather(*seeds)
 
@@ -231,15 +236,15 @@ async def test_waiter_wakes_on_release_not_by_polling(
     lease = await holder.lock("wake").acquire()  # watchdog lease: 30 s TTL, renewed every 10 s
     channel = f"{_lock_key('wake')}:ch".encode()
     attempts: list[asyncio.Future[Any]] = []  # the waiter's attempts (one round each)
-    attempt = Redlock._attempt
+    attempt = QuorumEngine.attempt
 
-    def counted(self: Redlock, *args: Any) -> asyncio.Future[Any]:
+    def counted(self: QuorumEngine, *args: Any) -> asyncio.Future[Any]:
         future = asyncio.ensure_future(attempt(self, *args))
-        if self is waiter:
+        if self is quorum_of(waiter):
             attempts.append(future)
         return future
 
-    monkeypatch.setattr(Redlock, "_attempt", counted)
+    monkeypatch.setattr(QuorumEngine, "attempt", counted)
     got: asyncio.Future[float] = asyncio.get_running_loop().create_future()
 
     async def wait_for_it() -> None:
@@ -348,14 +353,14 @@ async def test_master_back_empty_is_not_trusted_for_lost_counters(
     # generation was 2 * ATTEMPT_LIMIT old must: its reply would otherwise be
     # more than ATTEMPT_LIMIT late, longer than an attempt may take.
     read_b: list[int] = []  # tokens whose attempt by p3 has handled B's reply
-    real_seed = Redlock._seed
+    real_seed = QuorumEngine.seed
 
-    def seed(self: Redlock, name: str, token: int, i: int, reply: Any, *rest: Any) -> None:
-        if self is p3 and i == 1 and isinstance(reply, list):
+    def seed(self: QuorumEngine, name: str, token: int, i: int, reply: Any, *rest: Any) -> None:
+        if self is quorum_of(p3) and i == 1 and isinstance(reply, list):
             read_b.append(token)
         real_seed(self, name, token, i, reply, *rest)
 
-    monkeypatch.setattr(Redlock, "_seed", seed)
+    monkeypatch.setattr(QuorumEngine, "seed", seed)
     created = int(b.execute("GET", "aiolock:redlock:gen").split("/")[1])
     await eventually(
         lambda: _server_clock_us(b) - created > ATTEMPT_LIMIT * 1_000_000,
@@ -486,7 +491,7 @@ async def test_holder_gets_lock_lost_when_the_quorum_is_lost(
     # Lost within its lease (1.5 s from the last renewal), with some slack.
     assert time.monotonic() - start < 1.5 + 1.5
     await eventually(lambda: lost_seen == [True], what="the on_lost callback")
-    assert rl._holds == {}
+    assert quorum_of(rl).holds == {}
 
 
 # -- cancellation -----------------------------------------------------------------------------
@@ -539,7 +544,7 @@ async def test_cancelled_waiter_and_cancelled_release(
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
-    assert other._holds == {}
+    assert quorum_of(other).holds == {}
     # A release cancelled at any step still completes.
     for steps in (1, 2, 3, 5):  # (at 0 the release would not have begun)
         releasing = asyncio.create_task(lease.release())
@@ -780,7 +785,7 @@ async def test_force_release_tells_the_holder_at_once(
         lambda: all(
             m.engine.evictions._channels
             and all(c.is_confirmed for c in m.engine.evictions._channels.values())
-            for m in holder._masters
+            for m in quorum_of(holder).masters
         ),
         what="the eviction channels confirmed on every master",
     )
@@ -809,3 +814,152 @@ async def test_a_fixed_lease_deleted_on_the_masters_is_reported(
     with pytest.raises(LockLostError, match="gone on a majority"):
         await asyncio.wait_for(body, 3.0)  # one round (0.5 s) and a round trip, under load
     assert int(ttl) > 50_000  # (a fixed lease of 60 s: never extended by the check)
+
+
+# -- the contract suite's clauses, for RedlockLock (tests/test_contract.py) ---------------------
+
+
+def _quiet(*redlocks: Redlock) -> bool:
+    """No hold, waiter, subscription, command in flight or background task left."""
+    for rl in redlocks:
+        q = quorum_of(rl)
+        if q.holds or q.waiting:
+            return False
+        for master in q.masters:
+            s = master.engine.statistics()
+            if s.waiting or s.subscriptions or s.in_flight or s.background:
+                return False
+    return True
+
+
+async def _assert_clean(*redlocks: Redlock) -> None:
+    await eventually(lambda: _quiet(*redlocks), what="the Redlocks to be quiet")
+
+
+async def test_contract_exclusion(make_redlock: MakeRedlock) -> None:
+    a, b = await make_redlock(), await make_redlock()
+    inside = peak = 0
+
+    async def worker(rl: Redlock) -> None:
+        nonlocal inside, peak
+        lock = rl.lock("x")
+        for _ in range(4):
+            async with lock:
+                inside += 1
+                peak = max(peak, inside)
+                assert inside == 1
+                await asyncio.sleep(0.001)
+                inside -= 1
+
+    await asyncio.wait_for(asyncio.gather(*(worker(rl) for rl in (a, b) for _ in range(4))), 120)
+    assert peak == 1
+    await _assert_clean(a, b)
+
+
+async def test_contract_try_acquire_never_blocks_and_timeout_honoured(
+    make_redlock: MakeRedlock,
+) -> None:
+    a, b = await make_redlock(), await make_redlock()
+    held = await b.lock("t").acquire()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    assert await a.lock("t").try_acquire() is None
+    assert loop.time() - start < 10.0  # one round (the holder's lease is 30 s)
+    assert quorum_of(a).waiting == {}
+    start = loop.time()
+    with pytest.raises(LockTimeoutError):
+        await a.lock("t").acquire(timeout=0.3)
+    assert 0.25 <= loop.time() - start < 0.3 + 3.0
+    await held.release()
+    got = await a.lock("t").try_acquire()
+    assert got is not None
+    await got.release()
+    await _assert_clean(a, b)
+
+
+async def test_contract_lost_lease_cancels_body(make_redlock: MakeRedlock) -> None:
+    rl = await make_redlock()
+    finished = False
+    with pytest.raises(LockLostError):
+        async with rl.lock("lost")(lease=0.2):
+            await asyncio.sleep(30)
+            finished = True
+    assert not finished
+    await _assert_clean(rl)
+
+
+async def test_contract_fencing_tokens_increase(make_redlock: MakeRedlock) -> None:
+    redlocks = (await make_redlock(), await make_redlock())
+    tokens = []
+    for i in range(6):
+        lease = await redlocks[i % 2].lock("f").acquire()
+        tokens.append(lease.fencing_token)
+        await lease.release()
+    assert all(x < y for x, y in itertools.pairwise(tokens)), tokens
+    await _assert_clean(*redlocks)
+
+
+async def test_contract_random_cancellation_leaves_nothing(
+    make_redlock: MakeRedlock, masters: list[ServerProcess]
+) -> None:
+    rng = random.Random(7)
+    loop = asyncio.get_running_loop()
+    redlocks = (await make_redlock(), await make_redlock())
+
+    async def contender(rl: Redlock) -> None:
+        lock = rl.lock("z")
+        if rng.random() < 0.5:
+            async with lock:
+                await asyncio.sleep(0)
+        else:
+            lease = await lock.try_acquire(wait=rng.choice([0.0, 0.01]))
+            if lease is not None:
+                await lease.release()
+
+    for _ in range(20):
+        tasks = [asyncio.create_task(contender(rng.choice(redlocks))) for _ in range(6)]
+        for task in tasks:
+            if rng.random() < 0.7:
+                loop.call_later(rng.uniform(0, 0.004), task.cancel)
+        for result in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(result, BaseException) and not isinstance(
+                result, asyncio.CancelledError | TimeoutError
+            ):
+                raise result
+    await _assert_clean(*redlocks)
+    await _nothing_held(masters, "z", *redlocks)
+    # Every key left expires by itself (the fence counter), but the masters'
+    # generation and roster, which are kept for ever by design.
+    for server in masters:
+        for key in server.execute("KEYS", "aiolock:*"):
+            if key in ("aiolock:redlock:gen", "aiolock:redlock:roster"):
+                continue
+            assert int(server.execute("PTTL", key)) > 0, f"{key} is left behind with no TTL"
+
+
+async def test_the_watchdog_keeps_a_hold_past_its_lease(
+    make_redlock: MakeRedlock, masters: list[ServerProcess]
+) -> None:
+    """A hold without ``lease=`` outlives its lease: the plain Watchdog renews
+    it on every master (QuorumEngine.renew_batch), every validity / 3."""
+    rl = await make_redlock(lease=1.5)
+    lock = rl.lock("kept")
+    lease = await lock.acquire()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    renewals = 0
+    last = 1500
+
+    def alive_and_renewed() -> bool:
+        nonlocal renewals, last
+        ttl = min(int(s.execute("PTTL", _lock_key("kept"))) for s in masters)
+        assert ttl > 0, "the hold expired on a master"
+        if ttl > last + 200:  # its TTL went back up: a renewal round
+            renewals += 1
+        last = ttl
+        return loop.time() - start > 3 * 1.5 and renewals >= 2
+
+    await eventually(alive_and_renewed, timeout=20, what="two lease lengths renewed")
+    assert not lease.lost and await lock.is_owned()
+    await lease.release()
+    await _nothing_held(masters, "kept", rl)

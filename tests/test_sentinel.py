@@ -289,7 +289,7 @@ async def test_manual_failover_stops_granting_on_old_master(sentinel_set: Sentin
         assert SentinelSet.role(old) == "master"  # the trap: still a writable master
         before_old = keys_on(old)
         # The Client learned of the switch (+switch-master, or its next question).
-        watch = client._engine._watch
+        watch = client._engine.deployment.watch
         assert watch is not None
         await eventually(lambda: watch.known == ("127.0.0.1", new.port), what="switch seen")
         for i in range(20):
@@ -323,7 +323,7 @@ async def test_lagging_sentinel_does_not_switch_back(sentinel_set: SentinelSet) 
         pytest.skip("one more failover on one kind only (the suite's time budget)")
     async with sentinel_client(s, lease=6.0) as client:
         await acquire_until(client, "before", 5.0)
-        watch = client._engine._watch
+        watch = client._engine.deployment.watch
         assert watch is not None
         lane = watch._lane._link
         link = watch._listener._link
@@ -497,7 +497,7 @@ async def test_watch_moves_to_another_sentinel(sentinel_set: SentinelSet) -> Non
     s = sentinel_set
     async with sentinel_client(s, lease=6.0) as client:
         await acquire_until(client, "w", 5.0)
-        watch = client._engine._watch
+        watch = client._engine.deployment.watch
         assert watch is not None
         link = watch._listener._link
         assert link is not None

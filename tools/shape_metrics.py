@@ -9,6 +9,9 @@
 * places where a primitive touches Client (or Engine) internals: accesses
   ``<x>._<name>`` in primitive modules whose receiver is the Client or its Engine
   (``client``, ``self._client``, ``hold.client``, ``self.client`` ...);
+* reaches into another module's private names (``x._name``, x not self or
+  cls, ``_name`` not defined in the module; ``from m import _name``), and
+  the tests' reaches into ``._engine``;
 * the duplicated blocks reported by the ``duplicates`` tool, if on PATH.
 
 Reads files as text (ast); imports nothing from the tree.
@@ -53,7 +56,10 @@ def imports_of(mod: str, path: Path, tree: ast.AST, known: set[str]) -> set[str]
                 target = ".".join(parent + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            cands = [target] + [f"{target}.{a.name}" for a in node.names]
+            subs = [f"{target}.{a.name}" for a in node.names]
+            # "from . import x" of a submodule x imports x, not its package
+            # (which is the one being imported, or already is).
+            cands = subs if all(c in known for c in subs) else [target, *subs]
         elif isinstance(node, ast.Import):
             cands = [a.name for a in node.names]
         else:
@@ -131,6 +137,47 @@ def client_touches(path: Path, tree: ast.AST) -> int:
     return count
 
 
+def private_defs(tree: ast.AST) -> set[str]:
+    """Every ``_name`` a module defines: functions, classes, assignments,
+    attributes set on anything (``self._x = ...``), parameters."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            out.add(node.attr)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+        elif isinstance(node, ast.alias):
+            out.add(node.asname or node.name.split(".")[0])
+    return {n for n in out if n.startswith("_") and not n.startswith("__")}
+
+
+def private_reaches(trees: dict[str, ast.AST]) -> dict[str, int]:
+    """Reaches into another module's private names: ``x._name`` (x not
+    ``self`` or ``cls``) where the module itself defines no ``_name``, and
+    every ``from m import _name``."""
+    reaches: dict[str, int] = {}
+    for m, tree in trees.items():
+        own = private_defs(tree)
+        for node in ast.walk(tree):
+            count = 0
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                recv = node.value
+                private = node.attr.startswith("_") and not node.attr.startswith("__")
+                mine = isinstance(recv, ast.Name) and recv.id in {"self", "cls"}
+                count = int(private and not mine and node.attr not in own)
+            elif isinstance(node, ast.ImportFrom):
+                count = sum(
+                    a.name.startswith("_") and not a.name.startswith("__") for a in node.names
+                )
+            if count:
+                reaches[m] = reaches.get(m, 0) + count
+    return dict(sorted(reaches.items()))
+
+
 def main() -> None:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
     pkg = root / "aiolock"
@@ -156,6 +203,12 @@ def main() -> None:
             if n:
                 touches[m] = n
     print(f"primitive touches of Client internals: {sum(touches.values())} {touches}")
+    reaches = private_reaches(trees)
+    print(f"reaches into private names of other modules: {sum(reaches.values())} {reaches}")
+    tests = root / "tests"
+    if tests.is_dir():
+        engine_reaches = sum(p.read_text().count("._engine") for p in tests.rglob("*.py"))
+        print(f"tests reaching into ._engine: {engine_reaches}")
     used: set[str] = set()
     for m in mods:
         if "._primitives" in m:

@@ -25,9 +25,12 @@ This module wires the parts and routes by key; the parts live beside it:
   recovers from a script the server lost, and serves the acknowledged lane;
 * options.py: the Client's options (checked there once), ``Notify`` and
   ``ClientStatistics``;
-* sentinel.py: ``SentinelWatch``, Sentinel mode (a ``Sentinel.master_for``
-  client): on a change of master every connection is dropped
-  (``_master_switched``) and every hold verified on the new master.
+* deployment.py: the ``Deployment`` the Engine holds (``Standalone``,
+  ``Sentinel``, ``Cluster``, or ``Discover`` until the first command finds
+  out): it makes the lanes, the listener and the signal hub, discovers what
+  must be discovered (``settle``), follows failovers, says which server
+  serves a key (``shard``) and what the server can do (``capabilities``).
+  No other part of aiolock branches on the mode.
 
 The lower modules name what they need of the Engine as Protocols
 (``HoldOwner``, ``Verified``, ``Cleaner``, ``HoldEngine`` in lease.py,
@@ -42,23 +45,19 @@ import logging
 import math
 import secrets
 from collections.abc import Callable, Coroutine, Hashable
-from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .cluster import ClusterMux, ShardedListener, Topology, check_versions, slot_of
-from .connection import CommandConnection, Lane, Orphan
+from .cluster import ShardedListener, Topology
+from .connection import Lane, Orphan
+from .deployment import Capabilities, Deployment, deployment_for
 from .errors import (
+    TRANSIENT,
     ClientClosedError,
-    ServerRefusedError,
-    UnsupportedServerError,
     WrongEventLoopError,
     asyncio_required,
-    clause,
 )
 from .evict import Evictions
 from .futures import stop
@@ -69,14 +68,14 @@ from .observe import CLIENT_CLOSED, Observer, new_telemetry
 from .options import ClientStatistics, Notify, Options
 from .outage import Outage
 from .owner import task_serial
-from .redis_compat import ConnectionFactory, SentinelService, connection_factory, sentinel_service
-from .replication import AckedConnection, Acknowledgement, acked_node
+from .redis_compat import ConnectionFactory, connection_factory
+from .replication import Acknowledgement
 from .runner import ScriptRunner
 from .scripts import Script
-from .sentinel import SentinelWatch
 from .undo import Call, OnReply, Undo
 from .validate import to_ms
 from .verifier import Verifier
+from .view import EngineView
 from .watchdog import Renewable, Watchdog
 
 __all__ = ["Call", "ClientStatistics", "Engine", "Notify", "Undo"]
@@ -89,7 +88,6 @@ S = TypeVar("S")
 A = TypeVar("A")
 #: Fence counters of names nobody used for this long expire (see DESIGN: fencing).
 FENCE_RETENTION = 24 * 3600.0
-_TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)  # OSError: ConnectionFailedError
 _WRONG_LOOP = (
     "this aiolock Client is bound to the event loop it was first used on, and this is "
     "another one. This usually happens when a Client is made at module level or in a "
@@ -143,39 +141,30 @@ class Engine:
         )
         self.id = secrets.token_hex(16)
         self._redis = redis
-        if isinstance(redis, RedisCluster):
-            cluster = True
-        #: Sentinel mode: the service whose master the Sentinels name (a
-        #: ``Sentinel.master_for`` client); None otherwise. See sentinel.py.
-        self.sentinel: SentinelService | None = (
-            sentinel_service(redis) if isinstance(redis, aioredis.Redis) else None
+        #: How this Client reaches its server(s): discovery, routing, pub/sub,
+        #: failover, and what the server can do (deployment.py).
+        self.deployment: Deployment = deployment_for(
+            redis, cluster=cluster, cluster_client=cluster_client
         )
-        self._watch: SentinelWatch | None = None
-        if self.sentinel is not None:
-            cluster = False  # a Sentinel's master is a standalone server
-        #: True in cluster mode, False standalone, None until the first use finds out.
-        self.cluster: bool | None = cluster
-        self._cluster_client = redis if isinstance(redis, RedisCluster) else None
-        self._make_cluster_client = cluster_client
-        self.topology: Topology | None = None
-        # Until the mode is known: the first command waits for it (_settle).
+        # Until the deployment is settled, the first command waits for it (_settle).
         self._settling: asyncio.Task[None] | None = None
-        self._settled = cluster is False and self.sentinel is None
+        self._settled = self.deployment.settled
         # Every connection of this Client is made by it (see Dialer): the
         # redis client's settings, named after this Client on the server.
-        self._client_name = f"aiolock:{self.id[:12]}"
-        self._new_connection: ConnectionFactory = (
-            connection_factory(redis, self._client_name)
+        self.client_name = f"aiolock:{self.id[:12]}"
+        self.new_connection: ConnectionFactory = (
+            connection_factory(redis, self.client_name)
             if isinstance(redis, aioredis.Redis)
             else _no_connection
         )
+        #: The Client made ``redis`` (from_url, from_sentinel): it closes it.
         self.owns_redis = False
-        self.owns_cluster_client = False
         #: Counts every acquisition, hold and loss; feeds OpenTelemetry (observe.py).
         self.observer = Observer(new_telemetry(options.lock_label) if options.telemetry else None)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
-        self._started = False
+        #: Entered once (listener and watchdog started).
+        self.started = False
         self.background: set[asyncio.Task[Any]] = set()
         #: Every script runs through it (runner.py): routed by ``_route``,
         #: acquisitions on ``acked_lane`` when replicas acknowledge.
@@ -199,6 +188,9 @@ class Engine:
         self.epoch_since = -math.inf
         self._verifier = Verifier(self)
         self.start_verifier = self._verifier.start
+        #: An established connection was lost: the epoch moves on and every
+        #: hold is verified (verifier.py). Every lane calls it.
+        self.connection_reset: Callable[[], None] = self._verifier.connection_reset
         # The hold life cycle (holds.py), its methods bound once as the
         # Engine's own: no call frame more on the acquire and release paths.
         holds = Holds(self)
@@ -211,31 +203,20 @@ class Engine:
         self.extend_hold = holds.extend_hold
         self.renew_batch = holds.renew_batch
         self.run_callback = holds.run_callback
-        self.mux: Lane = CommandConnection(
-            self._new_connection,
-            command_timeout=self.command_timeout,
-            on_reset=self._verifier.connection_reset,
-            sentinel=self.sentinel is not None,
-        )
-        # The watchdog's own lane: renewals never queue behind a burst of
-        # acquires and releases on the main connection (connected on first use).
-        # With replicas acknowledging, each round of renewals is followed by a
-        # WAIT there (replication.py).
-        self.renew_mux: Lane = self._lane(renewals=True, role="renewal")
+        # The lanes, the listener and the signal hub, as the deployment makes
+        # them (a Cluster replaces them once it knows the slot map).
+        self.mux: Lane
+        self.renew_mux: Lane
         #: The acknowledged acquisitions' own lane (replication.py), with ``ack``.
-        self.acked_lane: Lane | None = (
-            self._lane(renewals=False, role="acknowledged command")
-            if self.ack is not None
-            else None
-        )
-        self.listener: Listener | ShardedListener = Listener(
-            self._new_connection, on_reset=self._verifier.connection_reset
-        )
-        self.signals = SignalHub(
-            self._new_connection,
-            command_timeout=self.command_timeout,
-            sentinel=self.sentinel is not None,
-        )
+        self.acked_lane: Lane | None
+        self.listener: Listener | ShardedListener
+        self.signals: SignalHub
+        self.deployment.install(self)
+        #: A release may grant the lock to a waiter in its own script (the
+        #: local handoff, targeted grants): not when replicas must acknowledge
+        #: every grant, which only the acknowledged lane waits for.
+        self.grants_by_release = self.ack is None
+        self._attempts = 0
         self._attempts = 0
         #: The run of failed tries of waiting tasks (``compete``): one WARNING, one INFO.
         self.unreachable = Outage()
@@ -249,26 +230,6 @@ class Engine:
         self.peek_state: Callable[[str], Any] = self.states.get
         self.lease_ms = to_ms(self.lease)
         self.retention_ms = to_ms(FENCE_RETENTION)
-
-    def _lane(self, *, renewals: bool, role: str) -> Lane:
-        """A standalone lane: acknowledged (``AckedConnection``) with ``ack``."""
-        if self.ack is None:
-            return CommandConnection(
-                self._new_connection,
-                command_timeout=self.command_timeout,
-                on_reset=self._verifier.connection_reset,
-                sentinel=self.sentinel is not None,
-                role=role,
-            )
-        return AckedConnection(
-            self._new_connection,
-            ack=self.ack,
-            renewals=renewals,
-            command_timeout=self.command_timeout,
-            on_reset=self._verifier.connection_reset,
-            sentinel=self.sentinel is not None,
-            role=role,
-        )
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -287,7 +248,7 @@ class Engine:
         self.loop = loop
         self.listener.start()
         self.watchdog.start()
-        self._started = True
+        self.started = True
         return loop
 
     def enter_task(self) -> asyncio.Task[Any]:
@@ -336,7 +297,7 @@ class Engine:
         holds = [h for state in list(self.states.values()) for h in state.holds()]
         for hold in holds:
             hold.mark_lost(CLIENT_CLOSED)
-        if self._started:
+        if self.started:
             releases = [
                 self.submit_script(h.release_script, h.release_keys, h.release_args) for h in holds
             ]
@@ -369,16 +330,9 @@ class Engine:
             if self.acked_lane is not None:
                 await self.acked_lane.aclose()
         await stop(self._settling)
-        if self._watch is not None:  # (a switch it reports now finds the Client closed)
-            await self._watch.aclose()
-        if self.topology is not None:
-            await self.topology.aclose()
+        await self.deployment.aclose(owned=self.owns_redis)
         if self.owns_redis:
             await self._redis.aclose()
-            if self.sentinel is not None:  # from_sentinel: the Sentinels' clients too
-                await self.sentinel.aclose()
-        if self.owns_cluster_client and self._cluster_client is not None:
-            await self._cluster_client.aclose()
 
     # -- introspection -------------------------------------------------------------------
 
@@ -475,8 +429,7 @@ class Engine:
         of the master of its slot by the current slot map (None while no
         master serves it), standalone None (one server). Calls of keys of one
         shard may share a batch (the watchdog's renewals)."""
-        topology = self.topology
-        return None if topology is None else topology.node(slot_of(key))
+        return self.deployment.shard(key)
 
     async def call(self, key: Any, *command: Any) -> Any:
         """Send a plain command about ``key`` (its first argument after the name)
@@ -485,19 +438,35 @@ class Engine:
             await self._settle()
         return await self._route(key).call(*command)
 
-    # -- the mode: standalone or cluster ------------------------------------------------------
+    # -- the deployment: standalone, Sentinel or Cluster ---------------------------------------
+
+    @property
+    def cluster(self) -> bool | None:
+        """True in cluster mode, False standalone, None until the first use finds out."""
+        return self.deployment.cluster
+
+    @property
+    def topology(self) -> Topology | None:
+        """The cluster's slot map (cluster mode, once discovered), else None."""
+        return self.deployment.topology
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the server(s) can do, as the deployment describes it."""
+        return self.deployment.capabilities
 
     async def is_cluster(self) -> bool:
         """True in cluster mode, False standalone; on first use it finds out
         (as the first command does: see ``_settle``). Sends nothing once known."""
         if not self._settled:
             await self._settle()
-        return bool(self.cluster)
+        return bool(self.deployment.cluster)
 
     async def _settle(self) -> None:
-        """Find out the mode (cluster or not) and set it up, once: every command
-        waits for it on first use. Fails like a command if the server cannot be
-        reached; the next command tries again."""
+        """Settle the deployment (find out the mode, discover the cluster,
+        start watching the Sentinels), once: every command waits for it on
+        first use. Fails like a command if the server cannot be reached; the
+        next command tries again."""
         task = self._settling
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
             task = self._settling = asyncio.get_running_loop().create_task(
@@ -506,150 +475,8 @@ class Engine:
         await asyncio.shield(task)
 
     async def _set_mode(self) -> None:
-        if self.sentinel is not None:
-            await self._start_sentinel()
-            self._settled = True
-            return
-        if self.cluster is None:
-            try:
-                info = await self.mux.call(b"INFO", b"cluster")
-            except ServerRefusedError as exc:
-                # INFO refused (an ACL user without it, a renamed command, a
-                # proxy): take it for a standalone server; a cluster node would
-                # answer MOVED, which says so (from_url(..., cluster=True)).
-                conn_log.info("INFO refused (%s); taking the server for a standalone one", exc)
-                info = b""
-            if b"cluster_enabled:1" not in info:
-                self.cluster = False
-                self._settled = True
-                return
-            if self._make_cluster_client is None:
-                raise UnsupportedServerError(
-                    "this server is a Redis Cluster node, and this Client was given a "
-                    "plain redis.asyncio.Redis: pass a redis.asyncio.RedisCluster "
-                    "(Client(RedisCluster(host=..., port=...))) or use "
-                    "Client.from_url(url), which finds the cluster by itself"
-                )
-            try:
-                self._cluster_client = self._make_cluster_client()
-            except Exception as exc:  # redis-py refuses the URL for a cluster (e.g. a db)
-                raise UnsupportedServerError(
-                    f"this server is a Redis Cluster node, but its URL cannot make a "
-                    f"cluster client: {clause(exc)}. Fix the URL (a cluster has database 0 only), "
-                    "or pass a redis.asyncio.RedisCluster"
-                ) from exc
-            self.owns_cluster_client = True
-            await self.mux.aclose()
-            # Known now: if discovery fails below, the next command retries
-            # discovery (not the INFO, on the connection just closed).
-            self.cluster = True
-        await self._start_cluster()
-        self.cluster = True
+        self.deployment = await self.deployment.settle(self)
         self._settled = True
-
-    async def _start_cluster(self) -> None:
-        """Cluster mode: discover the slot map, one lane of connections per
-        master for commands and one for renewals, sharded pub/sub, the
-        cluster variant of every script."""
-        assert self._cluster_client is not None
-        topology = Topology(self._cluster_client, self._client_name, self.command_timeout)
-        try:
-            await topology.refresh()
-        except BaseException:  # (cancelled too: aclose() stopped us)
-            await topology.aclose()
-            raise
-        self.runner.use_cluster()
-        reset = self._verifier.connection_reset
-        mux = ClusterMux(topology, command_timeout=self.command_timeout, on_reset=reset)
-        try:
-            await check_versions(mux)
-        except BaseException:
-            await mux.aclose()  # the next command starts over
-            await topology.aclose()
-            raise
-        self.topology = topology
-        self.watchdog.shard_by(slot_of, topology.node)
-        self.mux = mux
-        ack = self.ack
-        self.renew_mux = ClusterMux(
-            topology,
-            command_timeout=self.command_timeout,
-            on_reset=reset,
-            node_connection=None if ack is None else partial(acked_node, ack, renewals=True),
-            role="renewal",
-        )
-        if ack is not None:
-            # One acknowledged connection per master for the acquisitions.
-            old_acked, self.acked_lane = (
-                self.acked_lane,
-                ClusterMux(
-                    topology,
-                    command_timeout=self.command_timeout,
-                    on_reset=reset,
-                    node_connection=partial(acked_node, ack, renewals=False),
-                    role="acknowledged command",
-                ),
-            )
-            if old_acked is not None:
-                await old_acked.aclose()
-        listener = ShardedListener(topology, on_reset=reset)
-
-        def changed() -> None:
-            # A slot has another master: its channels move, and the holds are
-            # checked (a replica promoted without any connection lost here, a
-            # FAILOVER FORCE or TAKEOVER, may lack the last writes).
-            listener.rehome()
-            reset()
-
-        topology.on_change = changed
-        old, self.listener = self.listener, listener
-        if self._started:
-            listener.start()
-        await old.aclose()
-        old_signals, self.signals = (
-            self.signals,
-            SignalHub(
-                self._new_connection,
-                command_timeout=self.command_timeout,
-                factory_for=topology.factory_for,
-                on_failure=topology.refresh_soon,
-            ),
-        )
-        await old_signals.aclose()
-
-    async def _start_sentinel(self) -> None:
-        """Sentinel mode: check that the Sentinels know the service, then watch
-        them for a change of master (``SentinelWatch``)."""
-        assert self.sentinel is not None
-        watch = SentinelWatch(
-            self.sentinel,
-            client_name=self._client_name,
-            command_timeout=self.command_timeout,
-            interval=self.watchdog.interval,
-            on_switch=self._master_switched,
-        )
-        try:
-            await watch.start()
-        except BaseException:
-            await watch.aclose()
-            raise
-        self._watch = watch
-
-    def _master_switched(self, reason: str) -> None:
-        """The Sentinels name another master: drop every connection (each
-        reconnects to the master named now) and verify every hold there (a
-        hold the new master lacks is lost). The old master may stay a
-        writable master for seconds: nothing may be granted there any more."""
-        if self.closed:
-            return
-        sentinel_log.warning("%s; following the new master (every hold is verified there)", reason)
-        for lane in (self.mux, self.renew_mux, self.acked_lane):
-            if isinstance(lane, CommandConnection):
-                lane.reset(f"the master changed: {reason}")
-        if isinstance(self.listener, Listener):
-            self.listener.reset()
-        self.signals.reset(f"the master changed: {reason}")
-        self._verifier.connection_reset()
 
     # -- scripts (the runner, runner.py) ------------------------------------------------------
 
@@ -739,7 +566,7 @@ class Engine:
         for attempt in range(attempts):
             try:
                 return await self.eval(name, keys, args)
-            except _TRANSIENT:
+            except TRANSIENT:
                 if attempt == attempts - 1 or self.closed:
                     raise
             await asyncio.sleep(delay)
@@ -807,3 +634,10 @@ class Engine:
     def verifier(self) -> asyncio.Task[None] | None:
         """The running (or last) verification of the holds after a connection reset."""
         return self._verifier.task
+
+
+if TYPE_CHECKING:
+
+    def _is_a_view(engine: Engine) -> EngineView:
+        """(mypy checks here that the Engine is what every primitive runs on.)"""
+        return engine

@@ -12,9 +12,12 @@ from redis.exceptions import (
     RedisError,
     ResponseError,
 )
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 __all__ = [
     "CANNOT_REACH",
+    "TRANSIENT",
     "AiolockError",
     "AsyncioRequiredError",
     "ClientClosedError",
@@ -347,3 +350,14 @@ def _wrong_type(message: str) -> str:
         "changed. Pick another name, give the Client another prefix, or delete the key "
         "if nothing uses it."
     )
+
+
+#: Connection failures and timeouts (ConnectionFailedError is an OSError): a
+#: waiting task retries them, an idempotent clean-up too. (The primitives
+#: name them here, never redis-py's exceptions.)
+TRANSIENT: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+def no_reply(message: str) -> Exception:
+    """The cause of a failure for want of a reply (redis-py's TimeoutError)."""
+    return RedisTimeoutError(message)

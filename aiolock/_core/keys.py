@@ -29,6 +29,12 @@ agree by construction. The fair lock's list-mode signal list is the one key
 built this way: it carries the primitive's hash tag, so it lives in the same
 slot as the declared keys (see scripts/_fair_queue.lua).
 
+What each key holds, and which kind writes it, is declared once per kind
+(``KindSpec.parts`` in the kind's module, aiolock/_core/kinds.py): the
+key classes here take their suffixes from the constants below, as do those
+declarations. A new primitive may keep its key class in its own module
+(subclassing ``Keys``); this module then does not change.
+
 Some names are local only: ``local`` is the key of a primitive's shared
 state in the Engine's state map (never sent to Redis), kept apart per kind so
 that, say, a fair lock and a read-write lock of one name never share state.
@@ -39,7 +45,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
-    "STATE_SUFFIXES",
     "FairKeys",
     "LatchKeys",
     "LockKeys",
@@ -52,7 +57,10 @@ __all__ = [
 
 
 # The suffixes after a main key of the keys that hold state: named once here,
-# used by the key classes below and read by the CLI (``STATE_SUFFIXES``).
+# used by the key classes below and by each kind's declared layout (its
+# ``KindSpec.parts``, aiolock/_core/kinds.py), which the CLI reads. Wake-up
+# lists, ``:signal``, ``:wsignal`` and a fair lock's ``:sig:<client id>``,
+# carry no state.
 FENCE = ":fence"  # fencing counter: t last issued, r last released, b wait bound
 WAITING = ":wq"  # lock: waiting tasks; rw lock: waiting writers
 QUEUE = ":q"  # fair lock: the FIFO queue and Clients' liveness
@@ -62,23 +70,6 @@ HOLDERS = ":h"  # semaphore: holders
 RELEASED = ":r"  # semaphore: recently released
 REDLOCK = ":rl"  # Redlock: the lock key
 REDLOCK_FENCE = ":rl:fence"  # Redlock: this master's fence counter
-
-#: The keys of one name that hold state, by suffix after ``<prefix>:{<name>}``,
-#: with the Redis type aiolock writes there (the CLI reads exactly these).
-#: Wake-up lists, ``:signal``, ``:wsignal`` and a fair lock's
-#: ``:sig:<client id>``, carry no state.
-STATE_SUFFIXES: dict[str, str] = {
-    "": "hash",  # every kind's main key (a Redlock's is REDLOCK)
-    FENCE: "hash",
-    WAITING: "zset",
-    QUEUE: "zset",
-    READERS_PARKED: "zset",
-    RELEASED_TOKENS: "list",
-    HOLDERS: "zset",
-    RELEASED: "zset",
-    REDLOCK: "string",
-    REDLOCK_FENCE: "hash",
-}
 
 
 def main_key(prefix: str, name: str) -> str:

@@ -185,12 +185,13 @@ class Attempt:
         self.done = False
 
 
-_attempt: ContextVar[Attempt | None] = ContextVar("aiolock_attempt", default=None)
+#: The acquisition attempt of the running task (its wait counted once).
+CURRENT_ATTEMPT: ContextVar[Attempt | None] = ContextVar("aiolock_attempt", default=None)
 
 
 def note_waiting() -> None:
     """The current task is about to park for a lock: count it as waiting (once per attempt)."""
-    attempt = _attempt.get()
+    attempt = CURRENT_ATTEMPT.get()
     if attempt is not None and not attempt.waited and not attempt.done:
         attempt.waited = True
         attempt.observer.began_waiting(attempt)
@@ -212,14 +213,14 @@ async def observed(
     (The coroutine is made here, not by the caller: a task cancelled before
     it ever ran leaves no coroutine that was never awaited.)"""
     attempt = Attempt(observer, kind, name)
-    token = _attempt.set(attempt)
+    token = CURRENT_ATTEMPT.set(attempt)
     try:
         result = await acquire(*args)
     except BaseException as exc:
         observer.finished(attempt, outcome_of(exc), None)
         raise
     finally:
-        _attempt.reset(token)
+        CURRENT_ATTEMPT.reset(token)
     observer.finished(attempt, "acquired", result)
     return result
 

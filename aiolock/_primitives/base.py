@@ -36,11 +36,9 @@ from typing import (
     overload,
 )
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from .._core.errors import (
     CANNOT_REACH,
+    TRANSIENT,
     ClientClosedError,
     ConnectionFailedError,
     InvalidArgumentError,
@@ -51,6 +49,7 @@ from .._core.errors import (
     ServerUnavailableError,
     asyncio_required,
     clause,
+    no_reply,
 )
 from .._core.keys import Keys
 from .._core.lease import Hold, Lease
@@ -61,13 +60,14 @@ from .._core.outage import Outage
 from .._core.validate import check_lease, check_name, check_timeout
 
 if TYPE_CHECKING:
-    from .._core.engine import Engine
+    from .._core.view import EngineView
 
 __all__ = [
     "REPLY_GRACE",
     "TRANSIENT",
     "Acquirable",
     "Contender",
+    "HeldByTask",
     "LockLike",
     "OnLost",
     "Primitive",
@@ -95,9 +95,9 @@ class LeaseLike(Protocol):
 
     async def release(self) -> None: ...
 
-    def _watch(self, context: _Entry) -> None: ...
+    def _watch(self, context: Entry) -> None: ...
 
-    def _unwatch(self, context: _Entry) -> None: ...
+    def _unwatch(self, context: Entry) -> None: ...
 
 
 L = TypeVar("L", bound=LeaseLike)  # the lease type a primitive returns
@@ -106,8 +106,6 @@ OnLost = Literal["cancel", "ignore"]
 #: However short the caller's timeout, an attempt already on the wire gets
 #: this long for its reply (so ``try_acquire()`` always makes one real try).
 REPLY_GRACE = 1.0
-#: Connection failures (ConnectionFailedError is an OSError): a waiting task retries them.
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
 #: A wait without a timeout that never reached Redis gives up after this many failures.
 FIRST_CONTACT_TRIES = 3
 #: The longest pause between two tries of a wait riding out an outage.
@@ -144,7 +142,8 @@ def check_on_lost(value: object) -> OnLost:
 
 
 class Contender(Protocol):
-    """What ``compete`` needs of its engine: ``Engine``, or a ``Redlock`` over several."""
+    """What ``compete`` needs of its engine: ``Engine``, or Redlock's
+    ``QuorumEngine`` over several."""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None: ...
@@ -237,7 +236,7 @@ async def compete(
                 # Never found busy: Redis did not answer (a paused or overloaded
                 # server, a black-holed network), as for a refused port.
                 waited = loop.time() - (began if failure is not None else sent)
-                cause = RedisTimeoutError(
+                cause = no_reply(
                     f"no reply from Redis to the try sent {loop.time() - sent:.1f} s before "
                     "the timeout ran out"
                 )
@@ -469,7 +468,7 @@ class Primitive:
     _keys_type: ClassVar[type[Keys]] = Keys
     _names: Keys
 
-    def __init__(self, engine: Engine, name: str) -> None:
+    def __init__(self, engine: EngineView, name: str) -> None:
         self.name = check_name(name)
         self._engine = engine
         names = self._names = self._keys_type.of(engine.prefix, self.name)
@@ -487,7 +486,7 @@ class Primitive:
         return self._engine.loop
 
 
-class _Entry:
+class Entry:
     """One ``async with`` over a lock: cancels its body if the lease is lost."""
 
     __slots__ = ("cancel_requested", "cancelling", "lease", "on_lost", "task")
@@ -526,7 +525,7 @@ class LockLike(Generic[L]):
         """The Client's observer (``_core/observe.py``): every acquisition is counted there."""
         raise NotImplementedError
 
-    def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
+    def _entries(self) -> dict[asyncio.Task[Any], list[Entry]]:
         raise NotImplementedError
 
     def _loop(self) -> asyncio.AbstractEventLoop | None:
@@ -606,7 +605,7 @@ class LockLike(Generic[L]):
     async def _enter_ctx(self, timeout: float | None, lease: float | None, on_lost: OnLost) -> L:
         got = await self._observed(timeout, lease)
         task = current_task()
-        entry = _Entry(got, task, on_lost)
+        entry = Entry(got, task, on_lost)
         self._entries().setdefault(task, []).append(entry)
         got._watch(entry)
         return got
@@ -738,22 +737,26 @@ class Acquirable(LockLike[L]):
             return None
 
 
-class SingleHolder(Primitive, Acquirable[Lease]):
-    """Queries and ``release()`` of a lock one task holds at a time (AsyncLock, FairLock)."""
+class HeldByTask(Acquirable[Lease]):
+    """``release()`` and ``hold_count()`` of a lock one task holds at a time,
+    over whatever engine holds it: a Client's (``SingleHolder``) or Redlock's
+    quorum engine (``RedlockLock``). Its hooks: ``_my_hold()``, ``_enter()``
+    (binds the loop on first use) and ``_check_usable()``."""
 
     __slots__ = ()
 
     #: How errors name this kind of lock.
     _kind = "lock"
-    #: The read-only script that checks a hold in Redis (see owned.lua).
-    _owned_script = "owned"
 
     def _my_hold(self) -> Hold | None:
         """The current task's hold of this lock in this Client, if any."""
         raise NotImplementedError
 
-    def _owned_args(self, hold: Hold) -> tuple[Any, ...]:
-        return hold.renew_args
+    def _enter(self) -> None:
+        raise NotImplementedError
+
+    def _check_usable(self) -> None:
+        raise NotImplementedError
 
     async def release(self) -> None:
         """Release the current task's most recent acquisition of this lock.
@@ -762,7 +765,7 @@ class SingleHolder(Primitive, Acquirable[Lease]):
         lease was lost). If cancelled while the release is on the wire, the
         release still completes.
         """
-        self._engine.check_usable()
+        self._check_usable()
         hold = self._my_hold()
         if hold is None or not hold.leases:
             raise LockNotOwnedError(
@@ -770,6 +773,30 @@ class SingleHolder(Primitive, Acquirable[Lease]):
                 "release it from the task that acquired it, or call lease.release()"
             )
         await hold.leases[-1].release()
+
+    async def hold_count(self) -> int:
+        """How many times the current task holds the lock (0 if not). No round trip."""
+        self._enter()
+        hold = self._my_hold()
+        return hold.count if hold is not None else 0
+
+
+class SingleHolder(Primitive, HeldByTask):
+    """Queries and ``release()`` of a lock one task holds at a time (AsyncLock, FairLock)."""
+
+    __slots__ = ()
+
+    #: The read-only script that checks a hold in Redis (see owned.lua).
+    _owned_script = "owned"
+
+    def _enter(self) -> None:
+        self._engine.enter()
+
+    def _check_usable(self) -> None:
+        self._engine.check_usable()
+
+    def _owned_args(self, hold: Hold) -> tuple[Any, ...]:
+        return hold.renew_args
 
     async def is_locked(self) -> bool:
         """True if anyone (any client) holds the lock right now (one round trip)."""
@@ -788,12 +815,6 @@ class SingleHolder(Primitive, Acquirable[Lease]):
             hold.gone("the hold was gone when checked")
             return False
         return True
-
-    async def hold_count(self) -> int:
-        """How many times the current task holds the lock (0 if not). No round trip."""
-        self._engine.enter()
-        hold = self._my_hold()
-        return hold.count if hold is not None else 0
 
     async def remaining_ttl(self) -> float | None:
         """Seconds until the current hold expires (whoever holds it); None if unlocked."""

@@ -48,10 +48,10 @@ from .._core.listener import WAKE_ALL, Channel
 from .._core.owner import task_serial
 from .._core.parking import Parked, ParkingLot
 from .._core.validate import to_ms
-from .base import SingleHolder, _Entry, compete, current_task, ttl_hint
+from .base import Entry, SingleHolder, compete, current_task, ttl_hint
 
 if TYPE_CHECKING:
-    from .._core.engine import Engine
+    from .._core.view import EngineView
 
 __all__ = ["FairLock"]
 
@@ -359,11 +359,11 @@ class FairLock(SingleHolder):
     def _owned_args(self, hold: Hold) -> tuple[Any, ...]:
         return (hold.owner, hold.token)
 
-    def __init__(self, engine: Engine, name: str) -> None:
+    def __init__(self, engine: EngineView, name: str) -> None:
         super().__init__(engine, name)
-        self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
+        self._entry_map: dict[asyncio.Task[Any], list[Entry]] = {}
 
-    def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
+    def _entries(self) -> dict[asyncio.Task[Any], list[Entry]]:
         return self._entry_map
 
     def _state(self) -> _FairState:

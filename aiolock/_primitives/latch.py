@@ -14,7 +14,7 @@ from .._core.validate import check_timeout
 from .base import Primitive, compete, lock_statistics
 
 if TYPE_CHECKING:
-    from .._core.engine import Engine
+    from .._core.view import EngineView
 
 __all__ = ["MAX_COUNT", "Latch"]
 
@@ -75,7 +75,7 @@ class Latch(Primitive):
     kind = "latch"
     _names: LatchKeys
 
-    def __init__(self, engine: Engine, name: str, count: int) -> None:
+    def __init__(self, engine: EngineView, name: str, count: int) -> None:
         super().__init__(engine, name)
         self._count = check_count(count, allow_zero=True)
 
@@ -195,7 +195,7 @@ class _LatchState:
 
     __slots__ = ("active", "parked")
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineView) -> None:
         self.active = 0  # tasks in wait()
         self.parked = 0  # of which registered as waiters
 

@@ -12,14 +12,15 @@ from .._core.errors import LockTimeoutError
 from .._core.futures import Outcome
 from .._core.keys import LockKeys
 from .._core.lease import Hold, Lease
-from .._core.observe import DEBUG, Attempt, Observer, _attempt, answers, outcome_of
+from .._core.observe import CURRENT_ATTEMPT, DEBUG, Attempt, Observer, answers, outcome_of
 from .._core.parking import Parked, ParkingLot
 from .._core.validate import check_lease, check_timeout, to_ms
-from .base import SingleHolder, _Entry, compete, ttl_hint
+from .base import Entry, SingleHolder, compete, ttl_hint
 
 if TYPE_CHECKING:
-    from .._core.engine import Call, Engine
     from .._core.notify import Waiter
+    from .._core.undo import Call
+    from .._core.view import EngineView
 
 __all__ = ["AsyncLock", "LocalQueue"]
 
@@ -95,7 +96,7 @@ class LocalQueue:
         "yield_next",
     )
 
-    def __init__(self, engine: Engine, key: str, lock: AsyncLock | None = None) -> None:
+    def __init__(self, engine: EngineView, key: str, lock: AsyncLock | None = None) -> None:
         self.engine = engine
         self.key = key
         self.lock = lock
@@ -213,7 +214,7 @@ class LocalQueue:
         ):
             return self._pass_locally(hold, turn)
         loop = asyncio.get_running_loop()
-        if engine.ack is not None:
+        if not engine.grants_by_release:
             # Replicas must acknowledge every grant, and the handoff script
             # grants on the main lane: release plainly instead, and the next
             # local task competes on the acknowledged lane (release_hold's end
@@ -487,13 +488,13 @@ class AsyncLock(SingleHolder):
     #: (see scripts/_wake.lua); the spin lock only polls.
     _targeted = True
 
-    def __init__(self, engine: Engine, name: str) -> None:
+    def __init__(self, engine: EngineView, name: str) -> None:
         super().__init__(engine, name)
         self._wait_channel = self._names.wait_channel(engine.id)
-        self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
+        self._entry_map: dict[asyncio.Task[Any], list[Entry]] = {}
         self._what = f"lock {self.name!r}"
 
-    def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
+    def _entries(self) -> dict[asyncio.Task[Any], list[Entry]]:
         return self._entry_map
 
     # -- acquire -----------------------------------------------------------------------
@@ -591,7 +592,7 @@ class AsyncLock(SingleHolder):
                 state.busy = True
             if observer is not None:
                 attempt = Attempt(observer, self.kind, self.name, started, waited)
-                token = _attempt.set(attempt)
+                token = CURRENT_ATTEMPT.set(attempt)
             try:
                 hold = await self._compete(state, task, lease, deadline, loop)
             except BaseException:
@@ -607,7 +608,7 @@ class AsyncLock(SingleHolder):
             raise
         finally:
             if token is not None:
-                _attempt.reset(token)
+                CURRENT_ATTEMPT.reset(token)
 
     async def _compete(
         self,
@@ -626,7 +627,7 @@ class AsyncLock(SingleHolder):
         tail = (self._channel, self._names.wait_prefix)
         # Not with replicas acknowledging: a grant by another Client's release
         # is taken without a round trip, so nothing would wait for the replicas.
-        targeted = self._targeted and engine.notify == "pubsub" and engine.ack is None
+        targeted = self._targeted and engine.notify == "pubsub" and engine.grants_by_release
         # This task's entry in the waiting set: a watchdog hold may be granted
         # to it by a release (for one Client lease, renewed as any other); a
         # fixed lease is only woken (see scripts/_wake.lua).

@@ -18,12 +18,13 @@ from .._core.lease import Hold, Lease, LostCallback
 from .._core.observe import Observer
 from .._core.options import LockStatistics
 from .._core.validate import check_seconds, to_ms
-from .base import Acquirable, _Entry, compete, current_task, ttl_hint
+from .base import Acquirable, Entry, compete, current_task, ttl_hint
 from .lock import AsyncLock, LocalQueue, new_queue
 from .spin import SpinLock
 
 if TYPE_CHECKING:
-    from .._core.engine import Call, Engine
+    from .._core.undo import Call
+    from .._core.view import EngineView
 
 __all__ = ["MultiLease", "MultiLock"]
 
@@ -110,11 +111,11 @@ class MultiLease:
         check_seconds(seconds, "extend seconds", allow_zero=False)
         await asyncio.gather(*(lease.extend(seconds) for lease in self._leases))
 
-    def _watch(self, context: _Entry) -> None:
+    def _watch(self, context: Entry) -> None:
         for lease in self._leases:
             lease._watch(context)
 
-    def _unwatch(self, context: _Entry) -> None:
+    def _unwatch(self, context: Entry) -> None:
         for lease in self._leases:
             lease._unwatch(context)
 
@@ -174,7 +175,7 @@ class MultiLock(Acquirable[MultiLease]):
 
     __slots__ = ("_engine", "_entry_map", "_groups", "_held", "_locks", "_reorder", "name")
 
-    def __init__(self, engine: Engine, *locks: AsyncLock) -> None:
+    def __init__(self, engine: EngineView, *locks: AsyncLock) -> None:
         if not locks:
             raise InvalidArgumentError("multi_lock() needs at least one lock")
         seen: set[tuple[str, str]] = set()
@@ -191,7 +192,7 @@ class MultiLock(Acquirable[MultiLease]):
         self._engine = engine
         self._locks = sorted(locks, key=lambda lock: (lock._key, lock._engine.id))
         self.name = "+".join(lock.name for lock in self._locks)
-        self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
+        self._entry_map: dict[asyncio.Task[Any], list[Entry]] = {}
         self._held: dict[asyncio.Task[Any], list[MultiLease]] = {}
         self._groups: list[list[AsyncLock]] | None = None
         # Where each taken lease goes in ``locks`` order (None: the same order).
@@ -240,7 +241,7 @@ class MultiLock(Acquirable[MultiLease]):
             parts,
         )
 
-    def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
+    def _entries(self) -> dict[asyncio.Task[Any], list[Entry]]:
         return self._entry_map
 
     @property
@@ -423,7 +424,7 @@ class MultiLock(Acquirable[MultiLease]):
 
 
 async def _compete_group(
-    engine: Engine,
+    engine: EngineView,
     locks: list[AsyncLock],
     states: list[LocalQueue],
     task: asyncio.Task[Any],

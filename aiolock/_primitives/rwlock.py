@@ -43,10 +43,11 @@ from .._core.notify import Waiter
 from .._core.observe import Observer
 from .._core.parking import Parked, ParkingLot
 from .._core.validate import to_ms
-from .base import Acquirable, Primitive, _Entry, compete, current_task, describe_holders
+from .base import Acquirable, Entry, Primitive, compete, current_task, describe_holders
 
 if TYPE_CHECKING:
-    from .._core.engine import Call, Engine
+    from .._core.undo import Call
+    from .._core.view import EngineView
 
 __all__ = ["ReadLock", "ReadWriteLock", "WriteLock"]
 
@@ -73,7 +74,7 @@ class _RWState:
         "writers",
     )
 
-    def __init__(self, engine: Engine, key: str) -> None:
+    def __init__(self, engine: EngineView, key: str) -> None:
         self.engine = engine
         self.key = key
         self.hold: Hold | None = None
@@ -181,7 +182,7 @@ class _WaitEntry:
         "watched",
     )
 
-    def __init__(self, engine: Engine, wq_key: str, member: str) -> None:
+    def __init__(self, engine: EngineView, wq_key: str, member: str) -> None:
         self.engine = engine
         self.renew_script = "rw_renew_wait"
         self.renew_key = wq_key
@@ -262,7 +263,7 @@ class ReadWriteLock(Primitive):
     _keys_type = RWKeys
     _names: RWKeys
 
-    def __init__(self, engine: Engine, name: str) -> None:
+    def __init__(self, engine: EngineView, name: str) -> None:
         super().__init__(engine, name)
         #: The shared side: many holders at once.
         self.read = ReadLock(self)
@@ -571,9 +572,9 @@ class _Side(Acquirable[Lease]):
     def __init__(self, core: ReadWriteLock) -> None:
         self._core = core
         self.name = core.name
-        self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
+        self._entry_map: dict[asyncio.Task[Any], list[Entry]] = {}
 
-    def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
+    def _entries(self) -> dict[asyncio.Task[Any], list[Entry]]:
         return self._entry_map
 
     def _observer(self) -> Observer:

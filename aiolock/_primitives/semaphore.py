@@ -23,11 +23,11 @@ from .._core.observe import observed
 from .._core.options import LockStatistics
 from .._core.validate import check_lease, check_timeout, to_ms
 from .base import (
+    Entry,
     LockContext,
     LockLike,
     OnLost,
     Primitive,
-    _Entry,
     check_on_lost,
     compete,
     current_task,
@@ -36,7 +36,8 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from .._core.engine import Call, Engine
+    from .._core.undo import Call
+    from .._core.view import EngineView
 
 __all__ = ["MAX_PERMITS", "Permit", "Semaphore"]
 
@@ -91,7 +92,7 @@ class _SemState:
 
     __slots__ = ("active", "engine", "held", "key", "parked")
 
-    def __init__(self, engine: Engine, key: str) -> None:
+    def __init__(self, engine: EngineView, key: str) -> None:
         self.engine = engine
         self.key = key
         self.held: dict[Hold, None] = {}
@@ -212,12 +213,12 @@ class Semaphore(Primitive, LockLike[Permit]):
     _names: SemaphoreKeys
     kind = "semaphore"
 
-    def __init__(self, engine: Engine, name: str, permits: int) -> None:
+    def __init__(self, engine: EngineView, name: str, permits: int) -> None:
         super().__init__(engine, name)
         self._permits = check_permits(permits)
-        self._entry_map: dict[asyncio.Task[Any], list[_Entry]] = {}
+        self._entry_map: dict[asyncio.Task[Any], list[Entry]] = {}
 
-    def _entries(self) -> dict[asyncio.Task[Any], list[_Entry]]:
+    def _entries(self) -> dict[asyncio.Task[Any], list[Entry]]:
         return self._entry_map
 
     @property
@@ -425,7 +426,7 @@ class Semaphore(Primitive, LockLike[Permit]):
             observer, self.kind, self.name, self._acquire_permits, permits, timeout, lease
         )
         task = current_task()
-        entry = _Entry(got, task, on_lost)
+        entry = Entry(got, task, on_lost)
         self._entry_map.setdefault(task, []).append(entry)
         got._watch(entry)
         return got

@@ -9,7 +9,7 @@ from .._core.notify import Backoff, PollWaiter, Waiter
 from .lock import AsyncLock
 
 if TYPE_CHECKING:
-    from .._core.engine import Engine
+    from .._core.view import EngineView
 
 __all__ = ["SpinLock"]
 
@@ -31,7 +31,7 @@ class SpinLock(AsyncLock):
     _targeted = False  # it polls: no registration for targeted wake-ups
     kind = "spin_lock"
 
-    def __init__(self, engine: Engine, name: str, *, backoff: Backoff | None = None) -> None:
+    def __init__(self, engine: EngineView, name: str, *, backoff: Backoff | None = None) -> None:
         super().__init__(engine, name)
         if backoff is not None and not isinstance(backoff, Backoff):
             raise InvalidArgumentTypeError(

@@ -55,14 +55,14 @@ from aiolock import _history
 from aiolock._core.keys import main_key
 from aiolock.cli.demo_config import TICK, Admin, Config, Record, is_cluster, make_admin, masters
 from aiolock.cli.demo_view import (
-    _count_connections,
-    _Live,
-    _make_view,
-    _ms,
-    _percentile,
-    _PlainView,
-    _RichView,
+    Live,
+    PlainView,
+    RichView,
+    count_connections,
     handoffs,
+    make_view,
+    ms_text,
+    percentile,
 )
 from aiolock.cli.embedded import NoServerBinaryError, Resolved, resolve
 from aiolock.cli.embedded_cluster import resolve_cluster
@@ -480,10 +480,10 @@ def _drive(cfg: Config, admin: Admin, header: str, plain: bool, out: TextIO) -> 
     _say(out, f"starting {cfg.processes} worker processes ...")
     for p in procs:
         p.start()
-    live = _Live(cfg)
+    live = Live(cfg)
     finals: dict[int, dict[str, Any]] = {}
     failures: list[str] = []
-    view: _PlainView | _RichView | None = None
+    view: PlainView | RichView | None = None
     try:
         ready: set[int] = set()
         names: set[str] = set()
@@ -503,7 +503,7 @@ def _drive(cfg: Config, admin: Admin, header: str, plain: bool, out: TextIO) -> 
         live.started = time.monotonic_ns()
         start_at.value = live.started
         go.set()
-        view = _make_view(cfg, plain, header, out)
+        view = make_view(cfg, plain, header, out)
         next_poll = 0.0
         limit = cfg.duration + 60.0
         for msg in _receive(messages, procs, limit, lambda: len(finals) == len(procs)):
@@ -526,12 +526,12 @@ def _drive(cfg: Config, admin: Admin, header: str, plain: bool, out: TextIO) -> 
                     failures.append(f"worker {wid}:\n{msg[2]}")
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + 0.5
-                live.connections = _count_connections(admin, cfg, names)
+                live.connections = count_connections(admin, cfg, names)
                 view.update(live.figures())
         if len(finals) == len(procs):
             # Every worker has finished and holds its connections open until
             # `counted`: the figure the last line shows is that exact moment's.
-            live.connections = _count_connections(admin, cfg, names)
+            live.connections = count_connections(admin, cfg, names)
         counted.set()
         view.update(live.figures(), force=True)
     except KeyboardInterrupt:
@@ -580,7 +580,7 @@ def _receive(
 
 def _report(
     cfg: Config,
-    live: _Live,
+    live: Live,
     finals: dict[int, dict[str, Any]],
     admin: Admin,
     out: TextIO,
@@ -605,8 +605,8 @@ def _report(
     if lat and cfg.use_lock:
         _say(
             out,
-            f"  handoff latency: p50 {_ms(_percentile(lat, 0.5))}, "
-            f"p99 {_ms(_percentile(lat, 0.99))}, max {_ms(float(lat[-1]))} "
+            f"  handoff latency: p50 {ms_text(percentile(lat, 0.5))}, "
+            f"p99 {ms_text(percentile(lat, 0.99))}, max {ms_text(float(lat[-1]))} "
             f"over {len(lat):,} handoffs to a waiting task",
         )
         _say(

@@ -1,8 +1,8 @@
 """The demo's live figures and views: what the parent shows while the workers run.
 
-``_Live`` folds the workers' reports into rolling figures (acquisitions per
-second, handoff latency, waiting tasks, connections in use); ``_PlainView``
-prints them as lines, ``_RichView`` as a live table (with ``rich``, the
+``Live`` folds the workers' reports into rolling figures (acquisitions per
+second, handoff latency, waiting tasks, connections in use); ``PlainView``
+prints them as lines, ``RichView`` as a live table (with ``rich``, the
 ``demo`` extra). ``handoffs`` turns the records into handoff latencies.
 """
 
@@ -22,7 +22,7 @@ from aiolock.cli.demo_config import WINDOW, Admin, Config, Record, nodes
 # --------------------------------------------------------------------------- parent side
 
 
-def _percentile(sorted_values: list[int], q: float) -> float:
+def percentile(sorted_values: list[int], q: float) -> float:
     if not sorted_values:
         return math.nan
     k = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
@@ -57,10 +57,10 @@ def handoff_text(cfg: Config, p50: float, p99: float) -> str:
     handed from one holder to the next."""
     if not cfg.use_lock:
         return "handoff n/a (no lock)"
-    return f"handoff p50 {_ms(p50)} p99 {_ms(p99)}"
+    return f"handoff p50 {ms_text(p50)} p99 {ms_text(p99)}"
 
 
-def _ms(ns: float) -> str:
+def ms_text(ns: float) -> str:
     if math.isnan(ns):
         return "-"
     ms = ns / 1e6
@@ -68,7 +68,7 @@ def _ms(ns: float) -> str:
 
 
 @dataclass(slots=True)
-class _Live:
+class Live:
     """What the parent knows while the workers run."""
 
     cfg: Config
@@ -109,8 +109,8 @@ class _Live:
             "elapsed": (now - self.started) / 1e9 if self.started else 0.0,
             "total": total,
             "rate": rate,
-            "p50": _percentile(lat, 0.50),
-            "p99": _percentile(lat, 0.99),
+            "p50": percentile(lat, 0.50),
+            "p99": percentile(lat, 0.99),
             "waiting": sum(s["waiting"] for s in self.snapshots.values()),
             "in_flight": sum(s["in_flight"] for s in self.snapshots.values()),
             "connections": self.connections,
@@ -119,7 +119,7 @@ class _Live:
         }
 
 
-def _count_connections(admin: Admin, cfg: Config, names: set[str]) -> str:
+def count_connections(admin: Admin, cfg: Config, names: set[str]) -> str:
     """The connections of the workers' Clients and of their own data clients,
     summed over every node (one server standalone; masters and replicas in a cluster)."""
     try:
@@ -136,7 +136,7 @@ def _count_connections(admin: Admin, cfg: Config, names: set[str]) -> str:
     return f"{ours} aiolock ({what}) + {data} for the demo's own reads"
 
 
-class _PlainView:
+class PlainView:
     def __init__(self, cfg: Config, out: TextIO) -> None:
         self.cfg = cfg
         self.out = out
@@ -160,7 +160,7 @@ class _PlainView:
         pass
 
 
-class _RichView:
+class RichView:
     def __init__(self, cfg: Config, header: str) -> None:
         from rich.console import Console
         from rich.live import Live
@@ -190,7 +190,7 @@ class _RichView:
         rate = "-" if math.isnan(f["rate"]) else f"{f['rate']:,.0f}"
         grid.add_row(rate_label(cfg), f"[cyan]{rate}[/]   (total {f['total']:,})")
         if cfg.use_lock:
-            handoff = f"[cyan]{_ms(f['p50'])}[/] / [cyan]{_ms(f['p99'])}[/]"
+            handoff = f"[cyan]{ms_text(f['p50'])}[/] / [cyan]{ms_text(f['p99'])}[/]"
             grid.add_row("handoff p50 / p99", handoff)
         else:
             grid.add_row("handoff", "n/a (no lock: nothing is handed over)")
@@ -214,13 +214,13 @@ class _RichView:
         self.live.stop()
 
 
-def _make_view(cfg: Config, plain: bool, header: str, out: TextIO) -> _PlainView | _RichView:
+def make_view(cfg: Config, plain: bool, header: str, out: TextIO) -> PlainView | RichView:
     if not plain and out.isatty():
         try:
-            return _RichView(cfg, header)
+            return RichView(cfg, header)
         except ImportError:
             pass
-    return _PlainView(cfg, out)
+    return PlainView(cfg, out)
 
 
 # --------------------------------------------------------------------------- checks

@@ -5,10 +5,13 @@ round trip of ``TYPE`` / ``PTTL`` / ``HGETALL`` / ``ZRANGE`` / ``LRANGE`` /
 ``GET`` and the server's ``TIME``; never ``KEYS``, never a write), describe
 it (``aiolock.cli.ops_state``) and print it as text or JSON. In a Redis
 Cluster every master is scanned. Only ``force-release`` writes, through the
-library's own force-release of the kind it found (``client.lock(name)``,
-``client.fair_lock(name)``, ``client.rw_lock(name)``,
-``client.semaphore(name, n)``), which keeps the fencing counter (and a
-semaphore's N) and wakes the waiters.
+library's own force-release of the kind it found (the kind's declared
+``Release``: ``client.lock(name)``, ``client.fair_lock(name)``,
+``client.rw_lock(name)``, ``client.semaphore(name, n)``), which keeps the
+fencing counter (and a semaphore's N) and wakes the waiters. What a kind
+keeps, how it reads and how it is worded come from its declaration
+(``aiolock._core.kinds``, ``aiolock._primitives.KINDS``): no code here
+names a kind.
 
 Exit codes: 0 done; 1 nothing found or nothing done (``inspect`` of an
 unknown name, ``force-release`` of a name nobody holds, or declined); 2 a
@@ -41,7 +44,6 @@ from redis.exceptions import (
 from aiolock._core.errors import clause, sentence
 from aiolock.cli.ops_state import (
     KEY_SUFFIXES,
-    NOT_SHOWN,
     NameState,
     Primitive,
     RawKey,
@@ -438,17 +440,6 @@ def state_json(s: NameState) -> dict[str, Any]:
     }
 
 
-_KIND_WORDS = {
-    "lock": "lock",
-    "fair_lock": "fair lock",
-    "rw_lock": "read-write lock",
-    "semaphore": "semaphore",
-    "latch": "latch",
-    "redlock": "Redlock lock (this server's part)",
-    "foreign": "key",
-}
-
-
 def _table(rows: list[list[str]], out: TextIO) -> None:
     widths = [max(len(r[i]) for r in [LS_HEADER, *rows]) for i in range(len(LS_HEADER))]
     for row in [LS_HEADER, *rows]:
@@ -461,7 +452,7 @@ def explain(s: NameState) -> list[str]:
     if not s.exists:
         return [f"nothing is kept for {s.name!r} under prefix {s.prefix!r}."]
     for p in s.primitives:
-        lines.append(f"{_KIND_WORDS[p.kind]} {p.name!r} (key {p.key}):")
+        lines.append(f"{p.spec.words} {p.name!r} (key {p.key}):")
         lines.extend("  " + line for line in _explain_primitive(p))
     if not s.primitives:
         lines.append(f"{s.name!r} is not held; only its fencing counter is kept.")
@@ -483,37 +474,38 @@ def _who(client_id: str, task: int | None) -> str:
 
 
 def _explain_primitive(p: Primitive) -> list[str]:
-    out: list[str] = []
-    if p.kind == "foreign":
+    spec = p.spec
+    if spec.foreign:
         return [f"holds a {p.details.get('type')} aiolock did not write; aiolock refuses to use it"]
-    if p.kind == "latch":
+    if spec.gate:
         return [
             f"{latch_text(p)}; opened {p.details.get('generation', 0)} time(s); kept "
             f"{_secs(p.ttl_ms)} more",
-            f"waiting: {NOT_SHOWN['latch']}",
+            f"waiting: {p.not_shown}",
         ]
-    if p.kind == "semaphore":
-        out.append(f"{p.details.get('in_use', 0)} of {p.details.get('permits', 0)} permits in use")
+    out: list[str] = []
+    if spec.summary:
+        out.append(spec.summary.format(**p.details))
     for h in p.holders:
         role = {"exclusive": "held", "write": "held for writing", "read": "held for reading"}.get(
             h.role, f"{h.permits} permit(s) held"
         )
         token = f", fencing token {h.token}" if h.token is not None else ""
         holds = ""
-        if h.role in ("exclusive", "write", "read") and p.kind != "redlock":
+        if h.role in ("exclusive", "write", "read") and spec.holds_counted:
             holds = f", {h.count} hold recorded (re-entries are counted in its Client)"
         out.append(
             f"{role} by {_who(h.client_id, h.task)} (owner {h.owner}){holds}, "
             f"{_secs(h.ttl_ms)} left{token}"
         )
-    if not p.holders and p.kind != "semaphore":
+    if not p.holders and not spec.summary:
         out.append("free: nobody holds it")
-    if p.kind == "redlock" and p.last_token is not None:
-        out.append(f"highest fencing token accepted on this server: {p.last_token}")
-    if p.kind == "semaphore" and p.holders:
-        out.append("(a semaphore keeps no fencing token per holder)")
-    if p.kind == "redlock":
-        out.append(f"waiting: {NOT_SHOWN['redlock']}")
+    if spec.counter_note and p.last_token is not None:
+        out.append(spec.counter_note.format(last_token=p.last_token))
+    if spec.holder_note and p.holders:
+        out.append(spec.holder_note)
+    if not spec.waiters_recorded:
+        out.append(f"waiting: {p.not_shown}")
     elif p.waiters:
         clients = len({w.client_id for w in p.waiters})
         out.append(
@@ -534,7 +526,7 @@ def _explain_primitive(p: Primitive) -> list[str]:
         out.append("waiting: none recorded in Redis")
     if p.untracked_waiters:
         out.append(f"and possibly more: {UNTRACKED_TEXT}; the release wakes them")
-    if p.not_shown and p.kind != "redlock":
+    if p.not_shown and spec.waiters_recorded:
         out.append(f"not visible from Redis: {p.not_shown}")
     return out
 
@@ -599,10 +591,6 @@ def _inspect(args: argparse.Namespace, target: Target) -> int:
     return 0 if state.exists else 1
 
 
-# The kinds force-release can evict, with the Client's factory of that kind.
-_RELEASABLE = ("lock", "fair_lock", "rw_lock", "semaphore")
-
-
 def _force_release(args: argparse.Namespace, target: Target) -> int:
     name = args.name
 
@@ -611,20 +599,21 @@ def _force_release(args: argparse.Namespace, target: Target) -> int:
 
     state, cluster = _arun(lambda: _with_server(target, look), target)
     held = [p for p in state.primitives if p.held]
-    kinds = [p for p in held if p.kind in _RELEASABLE]
-    others = [p for p in held if p.kind not in _RELEASABLE]
+    kinds = [p for p in held if p.spec.release is not None]
+    others = [p for p in held if p.spec.release is None]
     latches = [p for p in state.primitives if p.counting_down]
     for p in latches:
+        words = p.spec.words
         print(
-            f"aiolock: latch {name!r} is {latch_text(p)}; a latch has no holder to "
-            "force-release (count_down() opens it)",
+            f"aiolock: {words} {name!r} is {latch_text(p)}; a {words} has no holder to "
+            f"force-release ({p.spec.cannot_release})",
             file=sys.stderr,
         )
     for p in others:
+        why = p.spec.cannot_release
         print(
-            f"aiolock: {_KIND_WORDS[p.kind]} {name!r} is held by {holder_text(p)}, but cannot "
-            "be force-released from here"
-            + (" (a Redlock spans several masters)" if p.kind == "redlock" else ""),
+            f"aiolock: {p.spec.words} {name!r} is held by {holder_text(p)}, but cannot "
+            "be force-released from here" + (f" ({why})" if why else ""),
             file=sys.stderr,
         )
     if not kinds:
@@ -632,7 +621,9 @@ def _force_release(args: argparse.Namespace, target: Target) -> int:
             print(f"no lock named {name!r} is held (prefix {target.prefix!r}); nothing done")
         return 1
     p = kinds[0]
-    what = f"{_KIND_WORDS[p.kind]} {name!r} held by {holder_text(p)}"
+    how = p.spec.release
+    assert how is not None
+    what = f"{p.spec.words} {name!r} held by {holder_text(p)}"
     if not args.yes:
         sys.stdout.write(f"force-release {what}? [y/N] ")
         sys.stdout.flush()
@@ -651,15 +642,8 @@ def _force_release(args: argparse.Namespace, target: Target) -> int:
         redis: aioredis.Redis | RedisCluster = target.redis_cluster() if cluster else target.redis()
         client = Client(redis, prefix=target.prefix)
         try:
-            if p.kind == "lock":
-                return await client.lock(name).force_release()
-            if p.kind == "fair_lock":
-                return await client.fair_lock(name).force_release()
-            if p.kind == "semaphore":
-                # Its N as found (any N would do: force_release never writes N).
-                permits = int(p.details.get("permits") or 1)
-                return await client.semaphore(name, permits).force_release()
-            return await client.rw_lock(name).force_release()
+            primitive = getattr(client, how.factory)(name, *how.args(p))
+            return bool(await primitive.force_release())
         finally:
             await client.aclose()
             await redis.aclose()
@@ -671,14 +655,10 @@ def _force_release(args: argparse.Namespace, target: Target) -> int:
             raise
         raise OpsError(f"aiolock: force-release of {name!r} failed: {exc}") from None
     if not done:
-        print(f"{_KIND_WORDS[p.kind]} {name!r} was no longer held; nothing done")
+        print(f"{p.spec.words} {name!r} was no longer held; nothing done")
         return 1
-    if p.kind == "semaphore":
-        in_use = int(p.details.get("in_use") or 0)
-        print(
-            f"force-released semaphore {name!r}: {in_use} permit{'s' if in_use != 1 else ''} "
-            f"held by {holder_text(p)} returned (N and fencing counter kept, waiters woken)"
-        )
+    if how.done is not None:
+        print(how.done(p, holder_text(p)))
     else:
         print(f"force-released {what} (fencing counter kept, waiters woken)")
     print(_told(p))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from aiolock.cli.ops_state import NOT_SHOWN, Primitive
+from aiolock.cli.ops_state import Primitive
 
 
 def shown_url(url: str) -> str:
@@ -33,7 +33,7 @@ def short(client_id: str) -> str:
 
 def holder_text(p: Primitive) -> str:
     """Who holds ``p``, in a few words (``top`` and ``force-release``)."""
-    if p.kind == "latch":
+    if p.spec.gate:
         return latch_text(p)
     if not p.holders:
         return "nobody"
@@ -57,7 +57,7 @@ def latch_text(p: Primitive) -> str:
 def ls_rows(p: Primitive) -> list[list[str]]:
     """Table rows of one primitive: one per holder (at least one)."""
     waiting = p.waiting
-    if p.kind == "latch":
+    if p.spec.gate:
         return [[p.name, p.kind, f"({latch_text(p)})", "-", secs(p.ttl_ms), "-", waiting]]
     holders = p.holders or ()
     if not holders:
@@ -92,11 +92,11 @@ def waiting_legend(listed: Sequence[Primitive]) -> list[str]:
     """What the WAITING column counts and, for the kinds in ``listed``, which
     waiters Redis does not record (``ls`` and ``top`` print it under the table)."""
     lines = ["WAITING: the waiters recorded in Redis. Not visible from Redis:"]
-    kinds = dict.fromkeys(p.kind for p in listed if p.kind in NOT_SHOWN and p.waiting != "?")
-    lines.extend(f"  {kind}: {NOT_SHOWN[kind]}" for kind in kinds)
-    unrecorded = dict.fromkeys(p.kind for p in listed if p.waiting == "?")
-    for kind in unrecorded:
-        lines.append(f"  ? ({kind}): {NOT_SHOWN[kind]}")
+    kinds = {p.kind: p.not_shown for p in listed if p.not_shown and p.waiting != "?"}
+    lines.extend(f"  {kind}: {text}" for kind, text in kinds.items())
+    unrecorded = {p.kind: p.not_shown for p in listed if p.waiting == "?"}
+    for kind, text in unrecorded.items():
+        lines.append(f"  ? ({kind}): {text}")
     if any(p.untracked_waiters for p in listed):
         lines.append(f"  +: {UNTRACKED_TEXT}")
     return lines if len(lines) > 1 else []
