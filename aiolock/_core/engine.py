@@ -525,26 +525,40 @@ class Engine:
             return
         self.runner.send(name, keys, args, callback)  # (it logs a handler's exception)
 
-    async def eval(
+    def eval(
         self,
         name: str,
         keys: tuple[Any, ...],
         args: tuple[Any, ...],
         orphan: Any = None,
         mux: Lane | None = None,
-    ) -> Any:
+    ) -> Coroutine[Any, Any, Any]:
         """Run a script for ``keys[0]`` (``ScriptRunner.eval``: a script the
-        server lost is loaded and run again once). ``orphan(reply, error)``
-        runs if the caller gives up before the reply (see ``undo``); ``mux``
-        is the watchdog's own lane.
+        server lost is loaded and run again once); await it for the reply.
+        ``orphan(reply, error)`` runs if the caller gives up before the reply
+        (see ``undo``); ``mux`` is the watchdog's own lane.
 
         Every acquisition passes here with its ``orphan``: with ``replicas`` (or
         ``wait_aof``) it runs on the acknowledged lane (replication.py) and
         returns only once the replicas acknowledged it; else it was undone by
         ``orphan`` and ReplicationError is raised.
+
+        (Once the mode is known, the runner's own coroutine: no frame more on
+        every acquire.)
         """
         if not self._settled:
-            await self._settle()
+            return self._settle_then_eval(name, keys, args, orphan, mux)
+        return self.runner.eval(name, keys, args, orphan, mux)
+
+    async def _settle_then_eval(
+        self,
+        name: str,
+        keys: tuple[Any, ...],
+        args: tuple[Any, ...],
+        orphan: Any,
+        mux: Lane | None,
+    ) -> Any:
+        await self._settle()
         return await self.runner.eval(name, keys, args, orphan, mux)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
