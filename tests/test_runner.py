@@ -15,10 +15,13 @@
 from __future__ import annotations
 
 import asyncio
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import aiolock
 from aiolock import Client, ConnectionFailedError, ServerRefusedError
 from tests.cluster_servers import ClusterNode, ClusterProcess
 from tests.core_util import assert_clean, eventually
@@ -252,3 +255,19 @@ async def test_cluster_acknowledged_lane_recovers(cluster: ClusterProcess) -> No
         assert noscript_errors(node) - before >= 1
         assert "acquire" in loaded_scripts(node, client)
         await assert_clean(client)
+
+
+def test_no_module_but_the_runner_names_evalsha_or_noscript() -> None:
+    """The runner alone sends scripts and recovers from NOSCRIPT (issue 21):
+    Redis Functions (FCALL) would then change it and nothing else. (errors.py
+    may name them in the texts it shows users.)"""
+    root = Path(aiolock.__file__).parent
+    allowed = {root / "_core" / "runner.py", root / "_core" / "errors.py"}
+    found = [
+        f"{path.relative_to(root)}:{n}"
+        for path in sorted(root.rglob("*.py"))
+        if path not in allowed
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"EVALSHA|NOSCRIPT|NoScriptError", line)
+    ]
+    assert found == [], f"EVALSHA / NOSCRIPT named outside the script runner: {found}"

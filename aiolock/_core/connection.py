@@ -52,6 +52,7 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from .capabilities import STANDALONE, Capabilities
 from .dialer import Dialer, Link
 from .errors import (
     ClientClosedError,
@@ -226,12 +227,12 @@ class CommandConnection(SafeCalls):
         on_connect: Callable[[], Iterable[tuple[Any, ...]]] = tuple,
         on_reset: Callable[[], None] | None = None,
         redirects: bool = False,
-        sentinel: bool = False,
+        capabilities: Capabilities = STANDALONE,
         role: str = "command",
         log: logging.Logger | None = conn_log,
         outage: Outage | None = None,
     ) -> None:
-        # sentinel: the server is a master named by Sentinels: a READONLY
+        # capabilities.follows_master (a master named by Sentinels): a READONLY
         # reply says it was demoted (a failover): that command fails with a
         # retryable ServerUnavailableError (code READONLY), and the connection
         # is dropped, so that the next one asks the Sentinels for the master.
@@ -241,7 +242,7 @@ class CommandConnection(SafeCalls):
         # standalone, a MOVED or ASK reply means the server is a cluster node
         # this Client was told is not one: UnsupportedServerError.
         self.redirects = redirects
-        self.sentinel = sentinel
+        self.capabilities = capabilities
         # role, log, outage: how its outages are logged (see Dialer).
         self.dialer = Dialer(factory, on_reset=on_reset, role=role, log=log, outage=outage)
         self._command_timeout = command_timeout
@@ -562,7 +563,9 @@ def pack(args: tuple[Any, ...]) -> bytes:
 _READONLY = re.compile(r"(?:^|-)READONLY\b")
 
 
-def _error(reply: Exception, redirects: bool = True, sentinel: bool = False) -> Exception:
+def _error(
+    reply: Exception, redirects: bool = True, capabilities: Capabilities = STANDALONE
+) -> Exception:
     """The exception for an error reply: ServerUnavailableError for a server that cannot serve for a
     while (LOADING, BUSY, MASTERDOWN, TRYAGAIN: retried like an outage; MOVED,
     ASK, CLUSTERDOWN: followed by a cluster lane), else a ServerRefusedError
@@ -570,7 +573,7 @@ def _error(reply: Exception, redirects: bool = True, sentinel: bool = False) -> 
     standalone connection), MOVED or ASK is an UnsupportedServerError: the
     server is a cluster node, and retrying would never reach the key's node."""
     message = str(reply)
-    if sentinel and _READONLY.search(message):
+    if capabilities.follows_master and _READONLY.search(message):
         changed = MasterChangedError(f"{message} (the server was made a replica)")
         failed = from_redis(changed)
         failed.__cause__ = changed
@@ -612,7 +615,7 @@ class _ReplyProtocol(asyncio.Protocol):
             if reply is False:
                 return
             if isinstance(reply, hiredis.ReplyError):
-                error = _error(reply, owner.redirects, owner.sentinel)
+                error = _error(reply, owner.redirects, owner.capabilities)
                 owner._deliver(None, error)
                 if isinstance(error, ServerUnavailableError) and error.code == "READONLY":
                     # A demoted master: the rest of its replies are not wanted

@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar, Protocol
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
+from .capabilities import STANDALONE, Capabilities
 from .cluster import ClusterMux, ShardedListener, Topology, check_versions, slot_of
 from .connection import CommandConnection, Lane
 from .errors import ServerRefusedError, UnsupportedServerError, clause
@@ -67,25 +67,6 @@ conn_log = logging.getLogger("aiolock.connection")
 sentinel_log = logging.getLogger("aiolock.sentinel")
 
 
-@dataclass(frozen=True, slots=True)
-class Capabilities:
-    """What aiolock may rely on from the server(s) of one deployment.
-
-    Read where the difference matters, and nowhere else: a new quirk of a
-    Redis-compatible server is a new field here (with its default the
-    behaviour of Redis), set by the deployment that meets it.
-    """
-
-    #: Keys live on several masters by hash slot: a script touches one slot,
-    #: pub/sub is sharded (SPUBLISH), renewals are batched per master.
-    sharded: bool = False
-    #: A ``READONLY`` reply means the master was demoted by a failover: the
-    #: command fails as retryable and its connection is dropped, so that the
-    #: next one asks the Sentinels for the master.
-    follows_master: bool = False
-
-
-STANDALONE = Capabilities()
 
 
 class Rounds(Protocol):
@@ -157,7 +138,7 @@ class Deployment:
         engine.signals = SignalHub(
             engine.new_connection,
             command_timeout=engine.command_timeout,
-            sentinel=self.capabilities.follows_master,
+            capabilities=self.capabilities,
         )
 
     def lane(
@@ -171,7 +152,7 @@ class Deployment:
                 engine.new_connection,
                 command_timeout=engine.command_timeout,
                 on_reset=engine.connection_reset,
-                sentinel=self.capabilities.follows_master,
+                capabilities=self.capabilities,
                 role=role,
             )
         return AckedConnection(
@@ -180,7 +161,7 @@ class Deployment:
             renewals=renewals,
             command_timeout=engine.command_timeout,
             on_reset=engine.connection_reset,
-            sentinel=self.capabilities.follows_master,
+            capabilities=self.capabilities,
             role=role,
         )
 

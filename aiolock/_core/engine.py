@@ -81,8 +81,6 @@ from .watchdog import Renewable, Watchdog
 __all__ = ["Call", "ClientStatistics", "Engine", "Notify", "Undo"]
 
 log = logging.getLogger("aiolock.lock")
-conn_log = logging.getLogger("aiolock.connection")
-sentinel_log = logging.getLogger("aiolock.sentinel")
 
 S = TypeVar("S")
 A = TypeVar("A")

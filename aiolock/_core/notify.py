@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from .capabilities import STANDALONE, Capabilities
 from .connection import CommandConnection
 from .errors import ClientClosedError, InvalidArgumentError
 from .listener import Channel, Subscriber
@@ -153,14 +154,14 @@ class SignalHub:
         command_timeout: float = 10.0,
         factory_for: Callable[[bytes], ConnectionFactory] | None = None,
         on_failure: Callable[[], None] | None = None,
-        sentinel: bool = False,
+        capabilities: Capabilities = STANDALONE,
     ) -> None:
         # factory_for (cluster mode): the connections to the master of a
         # key's slot, asked again after each failed BLPOP (a failover, a move).
         self._factory = factory
         self._factory_for = factory_for
         self._on_failure = on_failure
-        self._sentinel = sentinel  # READONLY drops the connection (see CommandConnection)
+        self._capabilities = capabilities  # (READONLY may drop the connection: CommandConnection)
         # A BLPOP answers within BLOCK seconds (nil if nothing came): a connection
         # silent for command_timeout more is gone.
         self._command_timeout = self.BLOCK + command_timeout
@@ -214,7 +215,7 @@ class SignalHub:
             command_timeout=self._command_timeout,
             on_connect=connected,
             redirects=factory_for is not None,
-            sentinel=self._sentinel,
+            capabilities=self._capabilities,
             role="BLPOP",
             outage=self._outage,
         )

@@ -61,6 +61,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .capabilities import STANDALONE, Capabilities
 from .connection import CommandConnection, Loadable, Orphan, reply_future
 from .errors import (
     AiolockError,
@@ -185,7 +186,7 @@ class AckedConnection(CommandConnection):
         on_connect: Callable[[], Iterable[tuple[Any, ...]]] = tuple,
         on_reset: Callable[[], None] | None = None,
         redirects: bool = False,
-        sentinel: bool = False,
+        capabilities: Capabilities = STANDALONE,
         role: str = "command",
     ) -> None:
         super().__init__(
@@ -194,7 +195,7 @@ class AckedConnection(CommandConnection):
             on_connect=on_connect,
             on_reset=on_reset,
             redirects=redirects,
-            sentinel=sentinel,
+            capabilities=capabilities,
             role=role,
         )
         self.ack = ack
