@@ -138,7 +138,9 @@ class ServerProcess:
 
     ``port=None`` picks a free port (``pick_port``, default ``free_port``),
     retried on a clash; ``extra_args``: more ``--option value`` arguments
-    (a cluster node's, a replica's). ``new_session=True`` puts the server in
+    (a cluster node's, a replica's, ``--sentinel``). ``config``: the text of a
+    config file written to ``<dir>/server.conf`` and named first (a Sentinel
+    needs one, which it rewrites). ``new_session=True`` puts the server in
     a session of its own (a terminal's Ctrl-C is the caller's to handle).
     """
 
@@ -152,8 +154,10 @@ class ServerProcess:
         new_session: bool = False,
         dir_prefix: str = "aiolock-server-",
         start_timeout: float = START_TIMEOUT,
+        config: str = "",
     ) -> None:
         self.executable = executable
+        self.config = config
         self.host = LOOPBACK
         self.port = port or 0
         self.extra_args = extra_args
@@ -233,8 +237,15 @@ class ServerProcess:
 
     def _spawn(self) -> None:
         tmp = self.directory
+        conf: list[str] = []
+        if self.config:
+            path = tmp / "server.conf"
+            if not path.exists():  # (a Sentinel rewrites it: keep its state on restart)
+                path.write_text(self.config)
+            conf = [str(path)]
         args = [
             self.executable,
+            *conf,
             "--port", str(self.port),
             "--bind", self.host,
             "--dir", str(tmp),
