@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
@@ -31,7 +32,7 @@ import pytest
 
 from aiolock import Client, LockLostError, LockTimeoutError, Redlock
 from tests.conftest import KINDS as BACKENDS
-from tests.conftest import healthy_pair
+from tests.conftest import URL_ENV, healthy_pair
 from tests.core_util import assert_clean, eventually
 from tests.sentinel_servers import SERVICE
 from tests.servers import RedisServer
@@ -40,7 +41,8 @@ from tests.servers import RedisServer
 @dataclass(frozen=True)
 class Kind:
     id: str
-    make: Callable[[Client, str], Any]
+    #: The primitive of a side (a Client, or a Redlock) by name.
+    make: Callable[[Any, str], Any]
     #: How many holders at once (None: any number, e.g. readers).
     limit: int | None = 1
     reentrant: bool = True
@@ -82,7 +84,9 @@ class Deployment:
 
 
 def _every(*modes: str) -> tuple[tuple[str, str], ...]:
-    return tuple((backend, mode) for backend in BACKENDS for mode in modes)
+    """Every mode on each shared server (one, ``external``, with ``URL_ENV`` set)."""
+    servers = ("external",) if os.environ.get(URL_ENV) else BACKENDS
+    return tuple((server, mode) for server in servers for mode in modes)
 
 
 DEPLOYMENTS = [
