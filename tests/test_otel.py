@@ -496,6 +496,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 import aiolock
+from aiolock import testing
 
 async def main():
     url = sys.argv[1]
@@ -564,6 +565,7 @@ if sys.argv[2] == "blocked":  # as if opentelemetry were not installed
 import redis.asyncio  # which imports OpenTelemetry itself, if it can (redis-py >= 7)
 before = otel_modules()
 import aiolock
+from aiolock import testing
 
 async def acquire(**options):
     async with aiolock.Client.from_url(sys.argv[1], **options) as client:
