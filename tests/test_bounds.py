@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from aiolock import Client
+from aiolock import Client, testing
 from aiolock._primitives.fair import _FairState
 from tests.cluster_servers import ClusterProcess
 from tests.core_util import eventually
@@ -78,7 +78,7 @@ async def on_cluster(cluster: ClusterProcess) -> AsyncIterator[Make]:
 def parked(client: Client) -> int:
     """Waiting calls of ``client`` parked right now, past their confirming
     retry: on a channel of its listener, or as a fair lock's ticket."""
-    engine = client._engine
+    engine = testing.engine(client)
     on_channels = sum(channel.parked for channel in engine.listener.channels.values())
     tickets = sum(
         len(state.lot) for state in engine.states.values() if isinstance(state, _FairState)

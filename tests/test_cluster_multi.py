@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from aiolock import Client, ConnectionFailedError, LockTimeoutError
+from aiolock import Client, ConnectionFailedError, LockTimeoutError, testing
 from aiolock._primitives.lock import AsyncLock, LocalQueue
 from aiolock._primitives.multi import MultiLease, MultiLock
 from tests.cluster_servers import ClusterNode, ClusterProcess
@@ -60,7 +60,7 @@ def names_on_masters(cluster: ClusterProcess, tag: str = "") -> list[tuple[str, 
 
 def held_here(client: Client, name: str) -> bool:
     """This Client has a local hold of lock ``name`` (the part is taken)."""
-    state = client._engine.peek_state(key(name))
+    state = testing.peek_state(client, key(name))
     return isinstance(state, LocalQueue) and state.hold is not None
 
 

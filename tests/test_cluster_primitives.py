@@ -1,10 +1,11 @@
-"""Every primitive on a cluster, with names on each of the three masters.
+"""Primitives on a cluster: what only a cluster has.
 
-Two Clients stand for two processes. For each primitive and each master: a
-name whose slot that master serves is acquired and released, contended
-across the Clients (the waiter is woken by sharded pub/sub on that very
-master, or by its signal list there, or polls), re-entered, its fencing
-tokens increase, ``try_acquire`` and timeouts behave. Then the two-holder
+The contracts every primitive keeps (exclusion, reentrancy, FIFO,
+try-acquire, timeouts, wake-ups, fencing, cancellation) run on the shared
+cluster in tests/test_contract.py. Here, two Clients stand for two
+processes: a lock named on each master lives there and its waiter parks
+there only (sharded pub/sub on that very master, or its signal list
+there); a latch opens across Clients on each master. Then the two-holder
 failure the issue names: with classic ``PUBLISH`` (the standalone scripts and
 a classic listener) a release grants the lock to nobody in Redis while the
 waiter takes it, and a third party takes it too; with ``SPUBLISH`` (the real
@@ -30,7 +31,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from aiolock import Client, LockNotOwnedError, LockTimeoutError
+from aiolock import Client, LockNotOwnedError, LockTimeoutError, testing
 from aiolock._core.cluster import ShardedListener
 from aiolock._core.listener import Listener
 from aiolock._core.scripts import load_scripts
@@ -167,7 +168,7 @@ async def parked_on(waiter: Client, nodes: Nodes, master: str, channel: bytes | 
     """Wait until ``waiter`` waits on ``master``: its sharded listener
     subscribed there (the server says so) and only there, or, in list mode,
     it blocks in BLPOP there. ``channel``: the one it must listen on."""
-    engine = waiter._engine
+    engine = testing.engine(waiter)
     if waiter.notify == "pubsub":
 
         def subscribed() -> bool:
@@ -213,132 +214,29 @@ async def _handoff(
         task.cancel()
 
 
-# -- lock: all three notify modes -------------------------------------------------------------
+# -- where a name lives and where its waiter parks --------------------------------------------
+# (Exclusion, reentrancy, try-acquire, timeouts, wake-ups and fencing of every
+# kind on the shared cluster: tests/test_contract.py, deployment "cluster".)
 
 
-@pytest.mark.parametrize("notify", ["pubsub", "list", "poll"])
-async def test_lock(make: MakeClient, nodes: Nodes, master: str, notify: str) -> None:
+@pytest.mark.parametrize("notify", ["pubsub", "list"])
+async def test_lock_on_its_slots_master(
+    make: MakeClient, nodes: Nodes, master: str, notify: str
+) -> None:
+    """A name on each master: its key is on that master, the waiter parks on
+    that master only (sharded channel or BLPOP), and the release recorded
+    there grants it to the waiter, per Redis."""
     a, b = await make(notify=notify), await make(notify=notify)
     name = nodes.name_on(master, "lock")
     lock_a, lock_b = a.lock(name), b.lock(name)
     first = await lock_a.acquire()
-    again = await lock_a.acquire()  # reentrant: same task, same hold
-    assert again.fencing_token == first.fencing_token
-    assert await lock_a.hold_count() == 2
-    assert await lock_b.try_acquire() is None
-    with pytest.raises(LockTimeoutError):
-        await lock_b.acquire(timeout=0.2)
     assert await nodes.node(master).exists(f"cp:{{{name}}}") == 1
-
-    async def release() -> None:
-        await again.release()
-        await first.release()
-
     channel = lock_b._names.wait_channel(b.id) if notify == "pubsub" else None
-    second = await _handoff(lock_b.acquire, release, b, nodes, master, channel)
+    second = await _handoff(lock_b.acquire, first.release, b, nodes, master, channel)
     assert second.fencing_token > first.fencing_token
     assert await nodes.owners(master, f"cp:{{{name}}}") == [b.id]
     await second.release()
-    third = await lock_a.try_acquire()
-    assert third is not None and third.fencing_token > second.fencing_token
-    await third.release()
     assert not await lock_a.is_locked()
-
-
-@pytest.mark.parametrize("notify", ["pubsub", "list"])
-async def test_fair_lock(make: MakeClient, nodes: Nodes, master: str, notify: str) -> None:
-    a, b = await make(notify=notify), await make(notify=notify)
-    name = nodes.name_on(master, "fair")
-    fa, fb = a.fair_lock(name), b.fair_lock(name)
-    first = await fa.acquire()
-    again = await fa.acquire()
-    assert again.fencing_token == first.fencing_token
-    assert await fb.try_acquire() is None
-    with pytest.raises(LockTimeoutError):
-        await fb.acquire(timeout=0.2)
-
-    async def release() -> None:
-        await again.release()
-        await first.release()
-
-    second = await _handoff(fb.acquire, release, b, nodes, master, None)
-    assert second.fencing_token > first.fencing_token
-    await second.release()
-    third = await fa.try_acquire()
-    assert third is not None and third.fencing_token > second.fencing_token
-    await third.release()
-    assert not await fa.is_locked()
-
-
-@pytest.mark.parametrize("notify", ["pubsub", "list"])
-async def test_rw_lock(make: MakeClient, nodes: Nodes, master: str, notify: str) -> None:
-    a, b = await make(notify=notify), await make(notify=notify)
-    name = nodes.name_on(master, "rw")
-    rw_a, rw_b = a.rw_lock(name), b.rw_lock(name)
-    # Readers share, across Clients; a writer waits for them.
-    read_a = await rw_a.read.acquire()
-    read_b = await asyncio.ensure_future(rw_b.read.acquire())
-    await read_b.release()
-    assert await rw_b.write.try_acquire() is None
-    with pytest.raises(LockTimeoutError):
-        await rw_b.write.acquire(timeout=0.2)
-    write_b = await _handoff(rw_b.write.acquire, read_a.release, b, nodes, master, None)
-    # A writer excludes readers; a reader waits for it.
-    assert await rw_a.read.try_acquire() is None
-    read_again = await _handoff(rw_a.read.acquire, write_b.release, a, nodes, master, None)
-    await read_again.release()
-    # Writer to writer, with reentrancy and increasing tokens.
-    w1 = await rw_a.write.acquire()
-    w1_again = await rw_a.write.acquire()
-    assert w1_again.fencing_token == w1.fencing_token
-
-    async def release() -> None:
-        await w1_again.release()
-        await w1.release()
-
-    w2 = await _handoff(rw_b.write.acquire, release, b, nodes, master, None)
-    assert w2.fencing_token > w1.fencing_token > write_b.fencing_token
-    await w2.release()
-    assert not await rw_a.is_locked()
-
-
-@pytest.mark.parametrize("notify", ["pubsub", "list"])
-async def test_semaphore(make: MakeClient, nodes: Nodes, master: str, notify: str) -> None:
-    a, b = await make(notify=notify), await make(notify=notify)
-    name = nodes.name_on(master, "sem")
-    sa, sb = a.semaphore(name, 2), b.semaphore(name, 2)
-    p1 = await sa.acquire()
-    p2 = await sb.acquire()
-    assert p2.fencing_token > p1.fencing_token
-    assert await sb.try_acquire() is None
-    with pytest.raises(LockTimeoutError):
-        await sb.acquire(timeout=0.2)
-    assert await sa.available() == 0
-    p3 = await _handoff(sb.acquire, p1.release, b, nodes, master, None)
-    assert p3.fencing_token > p2.fencing_token
-    await p2.release()
-    await p3.release()
-    assert await sa.available() == 2
-
-
-async def test_spin_lock(make: MakeClient, nodes: Nodes, master: str) -> None:
-    a, b = await make(), await make()
-    name = nodes.name_on(master, "spin")
-    sa, sb = a.spin_lock(name), b.spin_lock(name)
-    first = await sa.acquire()
-    again = await sa.acquire()
-    assert again.fencing_token == first.fencing_token
-    assert await sb.try_acquire() is None
-    with pytest.raises(LockTimeoutError):
-        await sb.acquire(timeout=0.2)
-    task = asyncio.ensure_future(sb.acquire())
-    await again.release()
-    await first.release()
-    async with asyncio.timeout(WOKEN):
-        second = await task
-    assert second.fencing_token > first.fencing_token
-    assert await nodes.node(master).exists(f"cp:{{{name}}}") == 1
-    await second.release()
 
 
 @pytest.mark.parametrize("notify", ["pubsub", "list"])
@@ -365,7 +263,7 @@ async def _classic(client: Client, node: str) -> None:
     """Make the cluster-mode ``client`` wait the way a standalone one does:
     the standalone scripts (classic ``PUBLISH``) and one classic pub/sub
     listener, connected to ``node``. A test-only set-up: aiolock never runs so."""
-    engine = client._engine
+    engine = testing.engine(client)
     await client.lock("settle").is_locked()  # settles the mode: cluster
     assert engine.topology is not None
     scripts = load_scripts()
@@ -401,7 +299,7 @@ async def test_classic_publish_makes_two_holders(
         channel = lock_b._names.wait_channel(b.id)
 
         def confirmed() -> bool:
-            subscribed = b._engine.listener.channels.get(channel)
+            subscribed = testing.listener_channels(b).get(channel)
             return subscribed is not None and subscribed.parked == 1
 
         await eventually(confirmed, what="B parked on its confirmed channel")
@@ -456,7 +354,7 @@ async def test_no_grant_from_a_replica(
     lock_b = b.lock(name)
     assert await lock_b.is_locked()  # (B's mode is settled: cluster)
     channel = lock_b._names.wait_channel(b.id)
-    listener = b._engine.listener
+    listener = testing.listener(b)
     assert isinstance(listener, ShardedListener)
     pinned = listener._listener(replica).register(channel)
     waiting = asyncio.ensure_future(lock_b.acquire())
@@ -515,7 +413,7 @@ async def _finish(nodes: Nodes, slot: int, target: str) -> None:
 
 
 async def _listens_on(client: Client, nodes: Nodes, master: str, channel: bytes) -> bool:
-    subscribed = client._engine.listener.channels.get(channel)
+    subscribed = testing.listener_channels(client).get(channel)
     return (
         subscribed is not None
         and subscribed.is_confirmed
@@ -577,7 +475,7 @@ async def test_waiter_when_the_slot_map_lags(fresh_make: MakeClient, fresh_nodes
     waiting = asyncio.ensure_future(lock_b.acquire())
     try:
         await parked_on(b, nodes, source, channel)
-        topology = b._engine.topology
+        topology = testing.engine(b).topology
         assert topology is not None
         refreshes = topology.refreshes
         await _give_away(nodes, _slot(name), target)
@@ -589,7 +487,7 @@ async def test_waiter_when_the_slot_map_lags(fresh_make: MakeClient, fresh_nodes
             )
 
         await eventually(dropped, what="the source dropped B's channel and B read the map")
-        subscribed = b._engine.listener.channels.get(channel)
+        subscribed = testing.listener_channels(b).get(channel)
         assert subscribed is not None and not subscribed.is_confirmed  # (the map lags)
         await _finish(nodes, _slot(name), target)
         await nodes.load()
@@ -639,14 +537,14 @@ async def test_slot_moves_away_and_back(
     finally:
         waiting.cancel()
     await held_b.release()
-    lingering = b._engine.listener.channels.get(channel)
+    lingering = testing.listener_channels(b).get(channel)
     assert lingering is not None and lingering.refs == 0  # (Listener.LINGER)
     await _migrate(fresh_cluster, slot, home)
     await nodes.load()
 
     async def dropped() -> bool:
         return (
-            channel not in b._engine.listener.channels
+            channel not in testing.listener_channels(b)
             and await nodes.shard_subscribers(away, channel) == 0
             and await nodes.shard_subscribers(home, channel) == 0
         )
@@ -677,7 +575,7 @@ async def test_waiter_across_a_manual_failover(
     held_a = await a.lock(name).acquire()
     lock_b = b.lock(name)
     assert await lock_b.is_locked()  # (B's mode is settled: cluster)
-    listener = b._engine.listener
+    listener = testing.listener(b)
     assert isinstance(listener, ShardedListener)
     pinned = listener._listener(replica).register(f"cp:{{{name}}}:pinned".encode())
     await eventually(lambda: pinned.is_confirmed, what="the pinned channel moved to the master")

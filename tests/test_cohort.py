@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from aiolock import Client, LockLostError
+from aiolock import Client, LockLostError, testing
 from aiolock._primitives.lock import COHORT_BOUND
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
@@ -113,8 +113,8 @@ async def test_locally_passed_hold_is_renewed_and_can_be_lost(
     async def second() -> None:
         async with lock:
             got.set()
-            rounds = client._engine.watchdog.rounds
-            await eventually(lambda: client._engine.watchdog.rounds >= rounds + 4, timeout=30)
+            rounds = testing.watchdog_rounds(client)
+            await eventually(lambda: testing.watchdog_rounds(client) >= rounds + 4, timeout=30)
             assert await lock.is_owned(), "renewed past the 4.5 s lease (4 rounds: 6 s)"
             await other_client.lock("l").force_release()
             await asyncio.sleep(30)
@@ -134,7 +134,7 @@ async def test_local_handoffs_do_not_wake_the_watchdog(client: Client) -> None:
     watchdog task per acquisition halved contended throughput). It is woken
     only when it idles with nothing to renew, or for a hold due sooner than
     its next round (never here: every hold has the Client's lease)."""
-    kick = client._engine.watchdog._kick  # (the watchdog task may be waiting on it)
+    kick = testing.watchdog(client)._kick  # (the watchdog task may be waiting on it)
     kicks = 0
     set_kick = kick.set
 

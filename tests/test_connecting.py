@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from aiolock import Client
+from aiolock import Client, testing
 from tests.core_util import assert_clean, eventually
 from tests.servers import LOOPBACK, ServerKind, ServerProcess, binary_for, find_free_port
 
@@ -34,7 +34,7 @@ async def exercise(url: str, prefix: str = "app") -> None:
         await eventually(lambda: waiter.statistics().waiting == 1, what="the waiter to park")
         # Two renewals: the watchdog's connection works (a failed one marks the hold lost).
         await eventually(
-            lambda: holder._engine.watchdog.rounds >= 2,
+            lambda: testing.watchdog_rounds(holder) >= 2,
             timeout=3 * LEASE + 10,
             what="two watchdog rounds",
         )

@@ -28,6 +28,7 @@ from aiolock import (
     LockLostError,
     LockNotOwnedError,
     LockTimeoutError,
+    testing,
 )
 from aiolock._core.listener import WAKE_ALL, Channel
 from aiolock._core.notify import ListWaiter
@@ -92,7 +93,7 @@ def parked(client: Client) -> int:
     retry, waiting for a message or their bound."""
     return sum(
         1
-        for state in client._engine.states.values()
+        for state in testing.local_states(client).values()
         if isinstance(state, _FairState)
         for _ in state.lot  # (the live entries: tickets parked right now)
     )
@@ -323,9 +324,9 @@ async def test_many_local_waiters_cost_one_subscription_and_one_renewal(
     stats = b.statistics()
     assert stats.waiting == 30 and stats.watched == 1
     assert stats.subscriptions == (0 if b.notify == "poll" else 1)
-    calls, rounds = b._engine.watchdog.calls, b._engine.watchdog.rounds
-    await eventually(lambda: b._engine.watchdog.rounds >= rounds + 3, what="3 renewal rounds")
-    assert (b._engine.watchdog.calls - calls) / (b._engine.watchdog.rounds - rounds) <= 1.5
+    calls, rounds = testing.watchdog_calls(b), testing.watchdog_rounds(b)
+    await eventually(lambda: testing.watchdog_rounds(b) >= rounds + 3, what="3 renewal rounds")
+    assert (testing.watchdog_calls(b) - calls) / (testing.watchdog_rounds(b) - rounds) <= 1.5
     await holder.release()
     lease = await asyncio.wait_for(tasks[0], 10)
     for task in tasks[1:]:

@@ -16,6 +16,7 @@ from aiolock import (
     LockTimeoutError,
     Redlock,
     WrongTypeError,
+    testing,
 )
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
@@ -57,7 +58,7 @@ async def reprs(*objects: object) -> list[str]:
 def owner_of(client: Client, task: asyncio.Task[Any] | None) -> str:
     """The owner id of a live task: "<client id>:<task serial>"."""
     assert task is not None and not task.done()
-    return client._engine.owner(task)
+    return testing.engine(client).owner(task)
 
 
 # -- lock.statistics() ---------------------------------------------------------------------

