@@ -53,9 +53,9 @@ from ._core.errors import ServerUnavailableError as ServerUnavailableError
 from ._core.errors import UnsupportedServerError as UnsupportedServerError
 from ._core.errors import WrongEventLoopError as WrongEventLoopError
 from ._core.errors import WrongTypeError as WrongTypeError
-from ._core.lease import Lease as Lease
-from ._core.notify import Backoff as Backoff
+from ._core.holds.lease import Lease as Lease
 from ._core.options import LockStatistics as LockStatistics
+from ._core.waiting.notify import Backoff as Backoff
 from ._primitives.fair import FairLock as FairLock
 from ._primitives.latch import Latch as Latch
 from ._primitives.lock import AsyncLock as AsyncLock

@@ -22,10 +22,10 @@ from redis.exceptions import RedisClusterException
 
 from ._core.engine import Engine
 from ._core.errors import InvalidArgumentError, InvalidArgumentTypeError, sentence
-from ._core.keys import main_key
-from ._core.notify import Backoff
-from ._core.observe import LockLabel
+from ._core.observe.observer import LockLabel
 from ._core.options import ClientStatistics, Notify, check_options, check_sentinels
+from ._core.protocol.keys import main_key
+from ._core.waiting.notify import Backoff
 from ._primitives.fair import FairLock
 from ._primitives.latch import Latch
 from ._primitives.lock import AsyncLock
@@ -57,7 +57,7 @@ class Client:
     * ``notify``: how waiters learn of a release: ``"pubsub"`` (one shared
       pub/sub connection), ``"list"`` (BLPOP on a signal list, for servers
       without pub/sub) or ``"poll"`` (capped exponential backoff). See
-      ``aiolock._core.notify``. ``backoff`` tunes the ``"poll"`` mode.
+      ``aiolock._core.waiting.notify``. ``backoff`` tunes the ``"poll"`` mode.
     * ``command_timeout``: a connection that answers nothing for this long
       while commands are pending is closed and reconnected; connecting is
       bounded by it too, and a wait without a timeout whose first contact

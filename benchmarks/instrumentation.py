@@ -125,7 +125,7 @@ async def measure(url: str, rounds: int, seconds: float, max_cycles: int) -> dic
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     import aiolock
-    from aiolock._core.otel import OtelTelemetry
+    from aiolock._core.observe.otel import OtelTelemetry
 
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
@@ -188,7 +188,7 @@ async def measure(url: str, rounds: int, seconds: float, max_cycles: int) -> dic
         "sdk": micro(telemetry(), n),
         "sdk+label": micro(telemetry(_label), n),
     }
-    # DEBUG off (the default): what observe.py pays per cycle is two isEnabledFor checks.
+    # DEBUG off (the default): what observe/observer.py pays per cycle is two isEnabledFor checks.
     lock_log = logging.getLogger("aiolock.lock")
     t0 = time.perf_counter_ns()
     for _ in range(n):

@@ -169,7 +169,7 @@ BUGS: list[Bug] = [
     Bug(
         "reply-lost-not-undone",
         "an acquire whose reply was lost to cancellation is not undone",
-        "aiolock/_core/undo.py",
+        "aiolock/_core/holds/undo.py",
         "    def __call__(self, reply: Any, error: BaseException | None) -> None:\n",
         "    def __call__(self, reply: Any, error: BaseException | None) -> None:\n"
         "        return\n",
@@ -189,7 +189,7 @@ BUGS: list[Bug] = [
     Bug(
         "false-loss-after-reconnect",
         "every hold verified after a reconnect is reported lost",
-        "aiolock/_core/verifier.py",
+        "aiolock/_core/holds/verifier.py",
         "                if alive == 1:\n                    if lease is not None:",
         "                if alive == 1 and False:\n                    if lease is not None:",
         "redis-lock",
@@ -198,7 +198,7 @@ BUGS: list[Bug] = [
     Bug(
         "reentry-release-frees",
         "releasing one of two re-entries frees the lock in Redis",
-        "aiolock/_core/lease.py",
+        "aiolock/_core/holds/lease.py",
         "        if len(hold.leases) > 1 or hold.lost_reason is not None:",
         "        if len(hold.leases) > 2 or hold.lost_reason is not None:",
         "redis-lock",
@@ -207,7 +207,7 @@ BUGS: list[Bug] = [
     Bug(
         "lost-release-silent",
         "releasing a lost lease returns quietly instead of LockNotOwnedError",
-        "aiolock/_core/lease.py",
+        "aiolock/_core/holds/lease.py",
         "            if hold.lost_reason is not None:\n                raise LockNotOwnedError(",
         "            if hold.lost_reason is not None and False:\n"
         "                raise LockNotOwnedError(",
@@ -226,7 +226,7 @@ BUGS: list[Bug] = [
     Bug(
         "expiry-not-reported",
         "a fixed lease that runs out is never reported lost",
-        "aiolock/_core/lease.py",
+        "aiolock/_core/holds/lease.py",
         "    def mark_lost(self, reason: str) -> None:\n",
         "    def mark_lost(self, reason: str) -> None:\n        return\n",
         "redis-lock",

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from aiolock import Client, Lease
-from aiolock._core.listener import Channel
+from aiolock._core.waiting.listener import Channel
 from tests.core_util import assert_clean, cancel_at_random, eventually, parked_on_channels
 from tests.servers import RedisServer
 

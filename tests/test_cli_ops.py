@@ -30,7 +30,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from aiolock import Client, LockLostError, LockTimeoutError, Redlock
-from aiolock._core.keys import main_key
+from aiolock._core.protocol.keys import main_key
 from aiolock.cli import main
 from aiolock.cli.ops import Server, Target, add_arguments, state_json
 from aiolock.cli.ops_state import describe, glob_match, name_of_key

@@ -32,9 +32,9 @@ import redis.asyncio as aioredis
 from redis.crc import key_slot
 
 from aiolock import Client, LockNotOwnedError, LockTimeoutError, testing
-from aiolock._core.cluster import ShardedListener
-from aiolock._core.listener import Listener
-from aiolock._core.scripts import load_scripts
+from aiolock._core.protocol.scripts import load_scripts
+from aiolock._core.topology.cluster import ShardedListener
+from aiolock._core.waiting.listener import Listener
 from tests.cluster_servers import ClusterProcess
 from tests.core_util import eventually
 

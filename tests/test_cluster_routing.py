@@ -36,11 +36,11 @@ from aiolock import (
     LockTimeoutError,
     UnsupportedServerError,
 )
-from aiolock._core.cluster import ClusterMux, check_version, server_version
 from aiolock._core.engine import Engine
 from aiolock._core.errors import ServerRefusedError, ServerUnavailableError
-from aiolock._core.runner import Program
-from aiolock._core.scripts import Script
+from aiolock._core.protocol.runner import Program
+from aiolock._core.protocol.scripts import Script
+from aiolock._core.topology.cluster import ClusterMux, check_version, server_version
 from tests.cluster_servers import ClusterNode, ClusterProcess
 from tests.servers import LOOPBACK
 

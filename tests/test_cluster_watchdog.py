@@ -19,10 +19,10 @@ import redis
 
 from aiolock import Client, Lease, testing
 from aiolock._core.errors import ConnectionFailedError, ServerRefusedError, ServerUnavailableError
-from aiolock._core.keys import main_key
-from aiolock._core.scripts import NODE, RENEWALS, load_scripts, node_call
-from aiolock._core.spread import slot_trouble
-from aiolock._core.watchdog import group_batches
+from aiolock._core.holds.spread import slot_trouble
+from aiolock._core.holds.watchdog import group_batches
+from aiolock._core.protocol.keys import main_key
+from aiolock._core.protocol.scripts import NODE, RENEWALS, load_scripts, node_call
 from tests.cluster_servers import ClusterNode, ClusterProcess
 from tests.core_util import eventually
 from tests.servers import LOOPBACK

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from aiolock._core.cluster import slot_of
-from aiolock._core.keys import main_key
+from aiolock._core.protocol.keys import main_key
+from aiolock._core.protocol.slots import slot_of
 from aiolock.cli.demo import handoffs
 from aiolock.cli.embedded import find_binary, free_port, ping
 from aiolock.cli.embedded_cluster import MASTERS, slot_range

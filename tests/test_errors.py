@@ -95,7 +95,7 @@ def test_a_server_that_cannot_serve_yet_is_transient(
     """LOADING, BUSY, MASTERDOWN, TRYAGAIN replies (as the reply parser hands
     them over) are ServerUnavailableError, a ConnectionFailedError: retried as
     an outage, never a refusal. (A real LOADING: test_restart.py.)"""
-    from aiolock._core.connection import DID_NOT_RUN, _error
+    from aiolock._core.transport.connection import DID_NOT_RUN, _error
 
     ReplyError = redis.exceptions.ResponseError  # what either reply parser hands over
 

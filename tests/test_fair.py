@@ -30,8 +30,8 @@ from aiolock import (
     LockTimeoutError,
     testing,
 )
-from aiolock._core.listener import WAKE_ALL, Channel
-from aiolock._core.notify import ListWaiter
+from aiolock._core.waiting.listener import WAKE_ALL, Channel
+from aiolock._core.waiting.notify import ListWaiter
 from aiolock._primitives.fair import FairLock, _FairState
 from tests.conftest import MakeClient
 from tests.core_util import (

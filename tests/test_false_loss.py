@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from aiolock import Client, Lease, LockLostError, LockNotOwnedError, testing
-from aiolock._core.connection import CommandConnection
+from aiolock._core.transport.connection import CommandConnection
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
 

@@ -25,8 +25,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from aiolock import Client, LockLostError, testing
-from aiolock._core.evict import FORCE_RELEASED, slot_tag
-from aiolock._core.keys import lost_prefix
+from aiolock._core.holds.evict import FORCE_RELEASED, slot_tag
+from aiolock._core.protocol.keys import lost_prefix
 from tests.core_util import eventually
 
 #: A's Client lease: its watchdog runs every LONG / 3, longer than any test here.

@@ -1,4 +1,4 @@
-"""Every key and channel name of every primitive, pinned (aiolock/_core/keys.py).
+"""Every key and channel name of every primitive, pinned (aiolock/_core/protocol/keys.py).
 
 These strings are how a Client finds what another Client (maybe of an older
 version) wrote: changing one makes two versions disagree about who holds a
@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 
 from aiolock import Client
-from aiolock._core.keys import FairKeys, LatchKeys, LockKeys, RWKeys, SemaphoreKeys, main_key
+from aiolock._core.protocol.keys import (
+    FairKeys,
+    LatchKeys,
+    LockKeys,
+    RWKeys,
+    SemaphoreKeys,
+    main_key,
+)
 from aiolock._primitives import KINDS
 
 CID = "0123456789abcdef0123456789abcdef"
@@ -211,7 +218,7 @@ async def test_client_names_a_key_and_an_owner() -> None:
 def test_eviction_channel_names() -> None:
     """A force release's message to a holder's Client (scripts/_evict.lua):
     one channel per Client standalone, per Client and slot in cluster mode."""
-    from aiolock._core.keys import lost_prefix
+    from aiolock._core.protocol.keys import lost_prefix
 
     assert lost_prefix("p") == "p:lost:"
     assert lost_prefix("p", "ABCD") == "p:{ABCD}:lost:"
@@ -223,7 +230,8 @@ NOT_STATE = {"signal", "wsignal", "local", "wait_prefix", "channel_prefix", "sig
 
 def test_the_key_classes_build_the_declared_layout() -> None:
     """Every key a kind's key class (its spec's ``keys``) names that holds
-    state is a part its spec declares (aiolock/_core/kinds.py), and the other way round: the layout
+    state is a part its spec declares (aiolock/_core/protocol/kinds.py), and
+    the other way round: the layout
     the command line reads is the one the scripts are given."""
     main = main_key("p", "n")
     for spec in KINDS:

@@ -1,4 +1,5 @@
-"""Each kind declared once (aiolock/_core/kinds.py, registered in aiolock._primitives.KINDS).
+"""Each kind declared once (aiolock/_core/protocol/kinds.py, registered in
+aiolock._primitives.KINDS).
 
 The registry is checked when made (one name per kind, no suffix claimed by
 two primitives of one name or with two types); the runner's renewal scripts
@@ -22,9 +23,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from aiolock import Client, Redlock
-from aiolock._core.keys import main_key
-from aiolock._core.kinds import FOREIGN, KindSpec, Part, Registry, Release
-from aiolock._core.scripts import RENEWALS, script_names
+from aiolock._core.protocol.keys import main_key
+from aiolock._core.protocol.kinds import FOREIGN, KindSpec, Part, Registry, Release
+from aiolock._core.protocol.scripts import RENEWALS, script_names
 from aiolock._primitives import KINDS
 from aiolock.cli import main
 from aiolock.cli.ops import Server, Target

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from aiolock import Client, Lease, LockLostError, LockNotOwnedError, testing
-from aiolock._core.watchdog import plan_batches
+from aiolock._core.holds.watchdog import plan_batches
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
 

@@ -22,8 +22,8 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from aiolock import Client, ConnectionFailedError, testing
-from aiolock._core.notify import Waiter
 from aiolock._core.outage import Outage
+from aiolock._core.waiting.notify import Waiter
 from aiolock._primitives.base import compete
 from tests.core_util import eventually, pubsub_subscribers
 from tests.servers import RedisServer, ServerProcess

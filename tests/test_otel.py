@@ -31,7 +31,7 @@ from opentelemetry.trace import StatusCode
 
 import aiolock
 from aiolock import testing
-from aiolock._core.otel import (
+from aiolock._core.observe.otel import (
     ACQUISITIONS,
     BUCKETS,
     HOLD,
@@ -576,7 +576,7 @@ async def acquire(**options):
 
 asyncio.run(acquire(telemetry=False) if sys.argv[2] == "off" else acquire())
 assert otel_modules() == before, otel_modules() - before
-assert "aiolock._core.otel" not in sys.modules
+assert "aiolock._core.observe.otel" not in sys.modules
 print("ok")
 """
 

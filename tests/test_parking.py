@@ -1,4 +1,4 @@
-"""The one local wait queue (aiolock/_core/parking.py), on its own: no server.
+"""The one local wait queue (aiolock/_core/waiting/parking.py), on its own: no server.
 
 Order, timeouts, a wake-up passed on by a waiter cancelled after it was
 woken, and compaction that keeps removal O(1) amortised (asserted on sizes
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from aiolock import ClientClosedError
-from aiolock._core.parking import Parked, ParkingLot
+from aiolock._core.waiting.parking import Parked, ParkingLot
 from aiolock._primitives.lock import _Turn
 
 

@@ -1,4 +1,5 @@
-"""What aiolock relies on from redis-py's connection objects (``aiolock/_core/redis_compat.py``).
+"""What aiolock relies on from redis-py's connection objects
+(``aiolock/_core/transport/redis_compat.py``).
 
 aiolock lets redis-py open each connection (socket or unix socket, TLS, the
 handshake: AUTH, SELECT, CLIENT SETNAME), then takes the socket's transport
@@ -25,9 +26,9 @@ from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from aiolock import ServerRefusedError
-from aiolock._core import redis_compat
-from aiolock._core.connection import pack
 from aiolock._core.errors import from_redis
+from aiolock._core.transport import redis_compat
+from aiolock._core.transport.connection import pack
 from tests.servers import RedisServer, ServerKind, ServerProcess, binary_for
 
 REDIS_PY = f"redis-py {redis.__version__}"
@@ -87,7 +88,8 @@ async def check_handshake_and_takeover(url: str, via: str) -> None:
         writer = getattr(conn, "_writer", None)
         assert isinstance(writer, asyncio.StreamWriter), (
             f"{REDIS_PY}: {type(conn).__name__}._writer is {type(writer).__name__} after "
-            "connect(), not an asyncio.StreamWriter: update aiolock/_core/redis_compat.connect"
+            "connect(), not an asyncio.StreamWriter: update "
+            "aiolock/_core/transport/redis_compat.connect"
         )
         assert writer.transport is transport
         assert conn.is_connected
@@ -178,7 +180,7 @@ async def test_connect_names_what_is_missing(server: RedisServer) -> None:
         conn._reader = None
 
 
-# -- cluster mode: what aiolock/_core/cluster.py relies on ----------------------------------
+# -- cluster mode: what aiolock/_core/topology/cluster.py relies on ---------------------
 
 
 async def test_cluster_discovery_and_node_connections(cluster: Any) -> None:

@@ -615,7 +615,7 @@ async def test_bad_arguments_are_typed_errors_before_any_io() -> None:
 def test_names_are_pinned() -> None:
     """The names data is found by (a version that changed them would not see the
     locks of the one before): apart from the plain lock's, one hash tag per name."""
-    from aiolock._core.keys import RedlockKeys
+    from aiolock._core.protocol.keys import RedlockKeys
 
     keys = RedlockKeys.of("pp", "n")
     assert (keys.lock, keys.fence, keys.channel) == (

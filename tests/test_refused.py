@@ -15,7 +15,7 @@ leases of a minute (no watchdog renewal moves an expiry time mid-test).
 
 The fault campaign (issue 20, item 5; test_fault_campaign, at the end) runs
 whole cycles instead, for every primitive and every key of its layout in
-aiolock/_core/keys.py: a cycle works, or is refused at its acquire, never
+aiolock/_core/protocol/keys.py: a cycle works, or is refused at its acquire, never
 half done (a release refused because a key only it writes held a value of
 another type would leave the hold).
 """
@@ -34,8 +34,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from aiolock import Client, Redlock, WrongTypeError, testing
-from aiolock._core import keys as keys_module
-from aiolock._core.scripts import Script, script_names
+from aiolock._core.protocol import keys as keys_module
+from aiolock._core.protocol.scripts import Script, script_names
 from tests.core_util import eventually
 
 # Every key of a name "n" (prefix "t") is "t:{n}" + suffix.
@@ -561,7 +561,7 @@ async def test_fair_handoff_skips_a_signal_key_of_another_type(
 
 
 # --------------------------------------------------------------------------- the fault campaign
-# For every primitive and every key of its layout (aiolock/_core/keys.py: a
+# For every primitive and every key of its layout (aiolock/_core/protocol/keys.py: a
 # key added there is planted here too), a value of another type is planted at
 # that key of a name nobody used yet, then a whole cycle runs: Client A takes
 # the primitive, Client B (list mode: signal lists) and Client C (pub/sub:

@@ -23,7 +23,7 @@ from tests.core_util import assert_clean, evalsha_calls, eventually
 from tests.servers import RedisServer, ServerProcess
 
 if TYPE_CHECKING:
-    from aiolock._core.connection import CommandConnection
+    from aiolock._core.transport.connection import CommandConnection
 
 #: Long enough that the watchdog's first round (lease / 3 = 10 s after the
 #: acquisition) cannot be what notices anything in these tests.

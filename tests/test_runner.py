@@ -1,4 +1,4 @@
-"""The script runner (``aiolock/_core/runner.py``, issue 21 item 1), on real servers.
+"""The script runner (``aiolock/_core/protocol/runner.py``, issue 21 item 1), on real servers.
 
 * A new connection loads a script only when it first runs it there, in the
   same write as that command: nothing for the scripts it never runs, and no
@@ -262,7 +262,7 @@ def test_no_module_but_the_runner_names_evalsha_or_noscript() -> None:
     Redis Functions (FCALL) would then change it and nothing else. (errors.py
     may name them in the texts it shows users.)"""
     root = Path(aiolock.__file__).parent
-    allowed = {root / "_core" / "runner.py", root / "_core" / "errors.py"}
+    allowed = {root / "_core" / "protocol" / "runner.py", root / "_core" / "errors.py"}
     found = [
         f"{path.relative_to(root)}:{n}"
         for path in sorted(root.rglob("*.py"))

@@ -20,7 +20,7 @@ from contextlib import AsyncExitStack
 import pytest
 
 from aiolock import Client, ClientClosedError, Lease, testing
-from aiolock._core.notify import ListWaiter
+from aiolock._core.waiting.notify import ListWaiter
 from tests.conftest import MakeClient
 from tests.core_util import assert_clean, evalsha_calls, eventually, parked_on_channels
 from tests.servers import RedisServer, TcpProxy

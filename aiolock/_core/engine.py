@@ -12,7 +12,7 @@ below) and nothing else; ``Client`` is the public facade that creates it.
 
 This module wires the parts and routes by key; the parts live beside it:
 
-* holds.py: ``Holds``, the hold life cycle (``new_hold``, ``track``,
+* holds/lifecycle.py: ``Holds``, the hold life cycle (``new_hold``, ``track``,
   ``release_hold``, ``release_failed``, ``release_finished``,
   ``extend_hold``, ``renew_batch``, ``run_callback``), bound onto the Engine
   as its own methods;
@@ -50,33 +50,33 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from .cluster import ShardedListener, Topology
-from .connection import Lane, Orphan
-from .deployment import Capabilities, Deployment, deployment_for
 from .errors import (
     TRANSIENT,
     ClientClosedError,
     WrongEventLoopError,
     asyncio_required,
 )
-from .evict import Evictions
 from .futures import stop
-from .holds import Holds
-from .listener import Channel, Listener
-from .notify import ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
-from .observe import CLIENT_CLOSED, Observer, new_telemetry
+from .holds.evict import Evictions
+from .holds.lifecycle import Holds
+from .holds.undo import Call, OnReply, Undo
+from .holds.verifier import Verifier
+from .holds.watchdog import Renewable, Watchdog
+from .observe.observer import CLIENT_CLOSED, Observer, new_telemetry
 from .options import ClientStatistics, Notify, Options
 from .outage import Outage
 from .owner import task_serial
-from .redis_compat import ConnectionFactory, connection_factory
-from .replication import Acknowledgement
-from .runner import ScriptRunner
-from .scripts import Script
-from .undo import Call, OnReply, Undo
+from .protocol.runner import ScriptRunner
+from .protocol.scripts import Script
+from .topology.cluster import ShardedListener, Topology
+from .topology.deployment import Capabilities, Deployment, deployment_for
+from .transport.connection import Lane, Orphan
+from .transport.redis_compat import ConnectionFactory, connection_factory
+from .transport.replication import Acknowledgement
 from .validate import to_ms
-from .verifier import Verifier
 from .view import EngineView
-from .watchdog import Renewable, Watchdog
+from .waiting.listener import Channel, Listener
+from .waiting.notify import ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
 
 __all__ = ["Call", "ClientStatistics", "Engine", "Notify", "Undo"]
 
@@ -157,7 +157,7 @@ class Engine:
         )
         #: The Client made ``redis`` (from_url, from_sentinel): it closes it.
         self.owns_redis = False
-        #: Counts every acquisition, hold and loss; feeds OpenTelemetry (observe.py).
+        #: Counts every acquisition, hold and loss; feeds OpenTelemetry (observe/observer.py).
         self.observer = Observer(new_telemetry(options.lock_label) if options.telemetry else None)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
@@ -189,7 +189,7 @@ class Engine:
         #: An established connection was lost: the epoch moves on and every
         #: hold is verified (verifier.py). Every lane calls it.
         self.connection_reset: Callable[[], None] = self._verifier.connection_reset
-        # The hold life cycle (holds.py), its methods bound once as the
+        # The hold life cycle (holds/lifecycle.py), its methods bound once as the
         # Engine's own: no call frame more on the acquire and release paths.
         holds = Holds(self)
         self.new_hold = holds.new_hold
@@ -368,7 +368,7 @@ class Engine:
     #   ``retry`` run a script for ``keys[0]``, ``call`` sends a plain command
     #   for its key. ``_route`` picks the connection (standalone: the one
     #   command connection; a Cluster router replaces that one method).
-    # * Holds (holds.py, bound in ``__init__``): ``new_hold`` makes, wires and
+    # * Holds (holds/lifecycle.py, bound in ``__init__``): ``new_hold`` makes, wires and
     #   tracks every hold; ``release_hold`` (and ``release_failed`` /
     #   ``release_finished`` for a primitive's own release script) ends it;
     #   ``undo`` (undo.py) cleans up an acquire whose reply was lost;

@@ -17,9 +17,9 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from .errors import InvalidArgumentError, InvalidArgumentTypeError
-from .notify import Backoff
-from .observe import LockLabel
+from .observe.observer import LockLabel
 from .validate import check_lease, check_prefix, check_seconds
+from .waiting.notify import Backoff
 
 __all__ = [
     "ClientStatistics",

@@ -8,7 +8,7 @@ so must anything else a primitive runs on. A primitive names
 topology or deployment, so that none of those can grow a branch in a
 primitive.
 
-What is here, in groups (each method's docstring in engine.py and holds.py
+What is here, in groups (each method's docstring in engine.py and holds/lifecycle.py
 has its contract):
 
 * the Client's options and identity: ``prefix``, ``lease`` (and
@@ -37,14 +37,14 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from .lease import Hold
-    from .listener import Channel
-    from .notify import Backoff, Waiter
-    from .observe import Observer
+    from .holds.lease import Hold
+    from .holds.undo import Call, OnReply, Undo
+    from .holds.watchdog import Renewable
+    from .observe.observer import Observer
     from .options import Notify
     from .outage import Outage
-    from .undo import Call, OnReply, Undo
-    from .watchdog import Renewable
+    from .waiting.listener import Channel
+    from .waiting.notify import Backoff, Waiter
 
 __all__ = ["EngineView", "Evictions"]
 

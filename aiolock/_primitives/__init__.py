@@ -1,7 +1,7 @@
 """The lock family, each over the engine of ``aiolock._core``.
 
 ``KINDS``: every kind of primitive, as Redis tells them apart under a name
-(see ``aiolock/_core/kinds.py``), each declared once in its ``<name>_kind``
+(see ``aiolock/_core/protocol/kinds.py``), each declared once in its ``<name>_kind``
 module beside its class's module: data and a pure reader, so that the
 operator commands read them without importing the primitives' runtime (an
 import-linter contract keeps it so). This list is the one registration: a
@@ -9,7 +9,7 @@ new primitive adds its ``KIND`` here, nothing else. The order is the order in
 which kinds of one anchor claim it: the first claim wins.
 """
 
-from .._core.kinds import Registry
+from .._core.protocol.kinds import Registry
 from . import fair_kind, latch_kind, lock_kind, redlock_kind, rwlock_kind, semaphore_kind
 
 __all__ = ["KINDS"]

@@ -2,7 +2,7 @@
 
 ``compete`` is trio's "check, try without waiting, then park" as one loop,
 used by every waiting primitive: try in Redis; if that failed, register a
-Waiter (see ``aiolock._core.notify``), make sure it is live, and try again at once (so a
+Waiter (see ``aiolock._core.waiting.notify``), make sure it is live, and try again at once (so a
 release between the first try and the registration is not missed); then
 park until woken or until the bound passes (the holder's TTL, cut to the
 caller's deadline), and try again. One last try is always made at the
@@ -51,13 +51,13 @@ from .._core.errors import (
     clause,
     no_reply,
 )
-from .._core.keys import Keys
-from .._core.lease import Hold, Lease
-from .._core.notify import Waiter
-from .._core.observe import Observer, note_waiting, observed
+from .._core.holds.lease import Hold, Lease
+from .._core.observe.observer import Observer, note_waiting, observed
 from .._core.options import LockStatistics
 from .._core.outage import Outage
+from .._core.protocol.keys import Keys
 from .._core.validate import check_lease, check_name, check_timeout
+from .._core.waiting.notify import Waiter
 
 if TYPE_CHECKING:
     from .._core.view import EngineView
@@ -464,7 +464,7 @@ class Primitive:
 
     __slots__ = ("_channel", "_engine", "_key", "_names", "_signal", "name")
 
-    #: The kind's names (aiolock/_core/keys.py); ``_names`` is built from it once.
+    #: The kind's names (aiolock/_core/protocol/keys.py); ``_names`` is built from it once.
     _keys_type: ClassVar[type[Keys]] = Keys
     _names: Keys
 
@@ -522,7 +522,8 @@ class LockLike(Generic[L]):
         raise NotImplementedError
 
     def _observer(self) -> Observer:
-        """The Client's observer (``_core/observe.py``): every acquisition is counted there."""
+        """The Client's observer (``_core/observe/observer.py``): every
+        acquisition is counted there."""
         raise NotImplementedError
 
     def _entries(self) -> dict[asyncio.Task[Any], list[Entry]]:

@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.errors import ClientClosedError
 from .._core.futures import expire, retrieve
-from .._core.keys import FairKeys
-from .._core.lease import Hold, Lease
-from .._core.listener import WAKE_ALL, Channel
+from .._core.holds.lease import Hold, Lease
 from .._core.owner import task_serial
-from .._core.parking import Parked, ParkingLot
+from .._core.protocol.keys import FairKeys
 from .._core.validate import to_ms
+from .._core.waiting.listener import WAKE_ALL, Channel
+from .._core.waiting.parking import Parked, ParkingLot
 from .base import Entry, SingleHolder, compete, current_task, ttl_hint
 
 if TYPE_CHECKING:

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 from .._core.errors import InvalidArgumentError, InvalidArgumentTypeError
 from .._core.futures import retrieve
-from .._core.keys import LatchKeys
-from .._core.lease import Hold
+from .._core.holds.lease import Hold
 from .._core.options import LockStatistics
+from .._core.protocol.keys import LatchKeys
 from .._core.validate import check_timeout
 from .base import Primitive, compete, lock_statistics
 

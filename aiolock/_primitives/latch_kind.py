@@ -1,6 +1,6 @@
 """The latch kind: Latch (_primitives/latch.py).
 
-Its declaration (aiolock/_core/kinds.py): layout, member formats and reader,
+Its declaration (aiolock/_core/protocol/kinds.py): layout, member formats and reader,
 operations. Data and a pure reader, no runtime: the operator commands read it
 without the primitive's code (registered in aiolock/_primitives/__init__.py).
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .._core import kinds
-from .._core.keys import LatchKeys
+from .._core.protocol import kinds
+from .._core.protocol.keys import LatchKeys
 
 __all__ = ["KIND"]
 

@@ -10,21 +10,22 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.errors import LockTimeoutError
 from .._core.futures import Outcome
-from .._core.keys import LockKeys
-from .._core.lease import Hold, Lease
-from .._core.observe import CURRENT_ATTEMPT, DEBUG, Attempt, Observer, answers, outcome_of
-from .._core.parking import Parked, ParkingLot
+from .._core.holds.lease import Hold, Lease
+from .._core.observe.observer import CURRENT_ATTEMPT, DEBUG, Attempt, Observer, answers, outcome_of
+from .._core.protocol.keys import LockKeys
 from .._core.validate import check_lease, check_timeout, to_ms
+from .._core.waiting.parking import Parked, ParkingLot
 from .base import Entry, SingleHolder, compete, ttl_hint
 
 if TYPE_CHECKING:
-    from .._core.notify import Waiter
-    from .._core.undo import Call
+    from .._core.holds.undo import Call
     from .._core.view import EngineView
+    from .._core.waiting.notify import Waiter
 
 __all__ = ["AsyncLock", "LocalQueue"]
 
-#: The DEBUG trace of grants and handoffs (acquisitions and releases: observe.py, holds.py).
+#: The DEBUG trace of grants and handoffs (acquisitions and releases:
+#: observe/observer.py, holds/lifecycle.py).
 log = logging.getLogger("aiolock.lock")
 log_answers = answers(log)  # (observe.answers: no isEnabledFor call per local handoff)
 
@@ -111,7 +112,7 @@ class LocalQueue:
         # A grant to that entry, received but not taken up yet: (token,
         # tokens reserved, member, when it arrived, connection epoch then).
         self.grant: tuple[int, int, str, float, int] | None = None
-        # The waiting turns, FIFO (see _core/parking.py: a turn whose task gave
+        # The waiting turns, FIFO (see _core/waiting/parking.py: a turn whose task gave
         # up is dropped lazily, O(1) for each of 100,000 waiters cancelled at once).
         self.lot: ParkingLot[_Turn] = ParkingLot()
         # The outcome of every release passed on locally: released (1), known

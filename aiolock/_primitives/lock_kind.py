@@ -1,7 +1,7 @@
 """The lock kind: AsyncLock (_primitives/lock.py), and SpinLock and a MultiLock's
 parts, which are that lock when they share a name.
 
-Its declaration (aiolock/_core/kinds.py): layout, member formats and reader,
+Its declaration (aiolock/_core/protocol/kinds.py): layout, member formats and reader,
 operations. Data and a pure reader, no runtime: the operator commands read it
 without the primitive's code (registered in aiolock/_primitives/__init__.py).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
-from .._core import kinds
-from .._core.keys import FENCE, WAITING, LockKeys
+from .._core.protocol import kinds
+from .._core.protocol.keys import FENCE, WAITING, LockKeys
 
 __all__ = ["KIND"]
 

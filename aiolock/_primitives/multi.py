@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._core.cluster import slot_of
 from .._core.errors import (
     ConnectionFailedError,
     InvalidArgumentError,
@@ -14,16 +13,17 @@ from .._core.errors import (
     LockNotOwnedError,
     LockTimeoutError,
 )
-from .._core.lease import Hold, Lease, LostCallback
-from .._core.observe import Observer
+from .._core.holds.lease import Hold, Lease, LostCallback
+from .._core.observe.observer import Observer
 from .._core.options import LockStatistics
+from .._core.protocol.slots import slot_of
 from .._core.validate import check_seconds, to_ms
 from .base import Acquirable, Entry, compete, current_task, ttl_hint
 from .lock import AsyncLock, LocalQueue, new_queue
 from .spin import SpinLock
 
 if TYPE_CHECKING:
-    from .._core.undo import Call
+    from .._core.holds.undo import Call
     from .._core.view import EngineView
 
 __all__ = ["MultiLease", "MultiLock"]

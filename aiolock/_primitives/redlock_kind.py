@@ -1,6 +1,6 @@
 """The Redlock kind: one master's part of a Redlock lock (aiolock/_redlock.py).
 
-Its declaration (aiolock/_core/kinds.py): layout, member formats and reader,
+Its declaration (aiolock/_core/protocol/kinds.py): layout, member formats and reader,
 operations. Data and a pure reader, no runtime; below ``aiolock._redlock``
 in the layers, so that the registry (``aiolock/_primitives/__init__.py``)
 lists it and the Redlock module may import it.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
-from .._core import kinds
-from .._core.keys import REDLOCK, REDLOCK_FENCE, RedlockKeys
+from .._core.protocol import kinds
+from .._core.protocol.keys import REDLOCK, REDLOCK_FENCE, RedlockKeys
 
 __all__ = ["KIND"]
 

@@ -37,16 +37,16 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .._core.errors import LockNotOwnedError, LockTimeoutError, LockUpgradeError
-from .._core.keys import RWKeys
-from .._core.lease import Hold, Lease
-from .._core.notify import Waiter
-from .._core.observe import Observer
-from .._core.parking import Parked, ParkingLot
+from .._core.holds.lease import Hold, Lease
+from .._core.observe.observer import Observer
+from .._core.protocol.keys import RWKeys
 from .._core.validate import to_ms
+from .._core.waiting.notify import Waiter
+from .._core.waiting.parking import Parked, ParkingLot
 from .base import Acquirable, Entry, Primitive, compete, current_task, describe_holders
 
 if TYPE_CHECKING:
-    from .._core.undo import Call
+    from .._core.holds.undo import Call
     from .._core.view import EngineView
 
 __all__ = ["ReadLock", "ReadWriteLock", "WriteLock"]
@@ -80,7 +80,7 @@ class _RWState:
         self.hold: Hold | None = None
         self.busy = False
         self.competing = False
-        # Waiting writers, FIFO (see _core/parking.py).
+        # Waiting writers, FIFO (see _core/waiting/parking.py).
         self.writers: ParkingLot[Parked] = ParkingLot()
         self.reads: dict[asyncio.Task[Any], Hold] = {}
         self.pending_reads = 0  # read acquires under way

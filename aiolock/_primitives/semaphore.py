@@ -17,10 +17,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .._core.errors import InvalidArgumentError, InvalidArgumentTypeError, LockNotOwnedError
-from .._core.keys import SemaphoreKeys
-from .._core.lease import Hold, Lease
-from .._core.observe import observed
+from .._core.holds.lease import Hold, Lease
+from .._core.observe.observer import observed
 from .._core.options import LockStatistics
+from .._core.protocol.keys import SemaphoreKeys
 from .._core.validate import check_lease, check_timeout, to_ms
 from .base import (
     Entry,
@@ -36,7 +36,7 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from .._core.undo import Call
+    from .._core.holds.undo import Call
     from .._core.view import EngineView
 
 __all__ = ["MAX_PERMITS", "Permit", "Semaphore"]

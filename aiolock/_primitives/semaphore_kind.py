@@ -1,6 +1,6 @@
 """The semaphore kind: Semaphore (_primitives/semaphore.py).
 
-Its declaration (aiolock/_core/kinds.py): layout, member formats and reader,
+Its declaration (aiolock/_core/protocol/kinds.py): layout, member formats and reader,
 operations. Data and a pure reader, no runtime: the operator commands read it
 without the primitive's code (registered in aiolock/_primitives/__init__.py).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from .._core import kinds
-from .._core.keys import FENCE, HOLDERS, RELEASED, SemaphoreKeys
+from .._core.protocol import kinds
+from .._core.protocol.keys import FENCE, HOLDERS, RELEASED, SemaphoreKeys
 
 __all__ = ["KIND"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._core.errors import InvalidArgumentTypeError
-from .._core.notify import Backoff, PollWaiter, Waiter
+from .._core.waiting.notify import Backoff, PollWaiter, Waiter
 from .lock import AsyncLock
 
 if TYPE_CHECKING:

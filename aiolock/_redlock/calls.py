@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._core.errors import AiolockError, ClientClosedError, ConnectionFailedError
-from .._core.keys import RedlockKeys
-from .._core.notify import Waiter
+from .._core.protocol.keys import RedlockKeys
+from .._core.waiting.notify import Waiter
 from .._primitives.base import TRANSIENT
 
 if TYPE_CHECKING:

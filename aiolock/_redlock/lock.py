@@ -14,11 +14,11 @@ from .._core.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
 )
-from .._core.keys import lost_prefix
-from .._core.lease import Hold, Lease
-from .._core.notify import Waiter
-from .._core.observe import FIXED_LEASE_EXPIRED, Observer
+from .._core.holds.lease import Hold, Lease
+from .._core.observe.observer import FIXED_LEASE_EXPIRED, Observer
+from .._core.protocol.keys import lost_prefix
 from .._core.validate import check_name
+from .._core.waiting.notify import Waiter
 from .._primitives.base import HeldByTask, compete
 from .attempt import MASTER_TIMEOUT
 from .calls import AnyWaiter, Master, quorum, too_few

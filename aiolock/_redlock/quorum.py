@@ -5,10 +5,10 @@ an ``Engine``, each answered by a majority of the masters:
 
 * ``Contender`` (``compete`` in _primitives/base.py): ``loop``, ``closed``,
   ``lease``, ``command_timeout``, ``unreachable``;
-* ``HoldEngine`` (_core/lease.py: ``Hold`` and ``Lease``): ``release_hold``,
+* ``HoldEngine`` (_core/holds/lease.py: ``Hold`` and ``Lease``): ``release_hold``,
   ``extend_hold``, ``untrack``, ``run_callback``, ``check_usable``,
   ``observer``;
-* ``Renewer`` (_core/watchdog.py): ``renew_batch``, so that a plain
+* ``Renewer`` (_core/holds/watchdog.py): ``renew_batch``, so that a plain
   ``Watchdog`` renews Redlock's holds, every ``validity / 3``.
 
 Each is one ``quorum`` call (calls.py) over the masters' Engines, through
@@ -35,12 +35,12 @@ from .._core.errors import (
     LockNotOwnedError,
     UnsupportedServerError,
 )
-from .._core.evict import FORCE_RELEASED
-from .._core.keys import lost_prefix
-from .._core.lease import Hold, Lease, LostCallback
-from .._core.observe import CLIENT_CLOSED, FIXED_LEASE_EXPIRED, Observer
+from .._core.holds.evict import FORCE_RELEASED
+from .._core.holds.lease import Hold, Lease, LostCallback
+from .._core.holds.watchdog import Watchdog
+from .._core.observe.observer import CLIENT_CLOSED, FIXED_LEASE_EXPIRED, Observer
 from .._core.outage import Outage
-from .._core.watchdog import Watchdog
+from .._core.protocol.keys import lost_prefix
 from .._primitives.base import current_task
 from . import attempt as attempts
 from .attempt import MASTER_TIMEOUT, Outcome

@@ -2,7 +2,7 @@
 
 Outside the library: nothing in ``aiolock`` imports this package (the
 import-linter contract in pyproject.toml says so); it uses the public API, and the
-library's key naming (``aiolock._core.keys``) to show and clean up the demo's keys.
+library's key naming (``aiolock._core.protocol.keys``) to show and clean up the demo's keys.
 
 * ``aiolock demo``: processes and tasks contend for a few locks; live figures,
   then checks (no lost update, one holder at a time, fencing tokens increasing).

@@ -52,7 +52,7 @@ import redis
 import redis.asyncio as aioredis
 
 from aiolock import _history
-from aiolock._core.keys import main_key
+from aiolock._core.protocol.keys import main_key
 from aiolock.cli.demo_config import TICK, Admin, Config, Record, is_cluster, make_admin, masters
 from aiolock.cli.demo_view import (
     Live,

@@ -10,7 +10,7 @@ library's own force-release of the kind it found (the kind's declared
 ``client.rw_lock(name)``, ``client.semaphore(name, n)``), which keeps the
 fencing counter (and a semaphore's N) and wakes the waiters. What a kind
 keeps, how it reads and how it is worded come from its declaration
-(``aiolock._core.kinds``, ``aiolock._primitives.KINDS``): no code here
+(``aiolock._core.protocol.kinds``, ``aiolock._primitives.KINDS``): no code here
 names a kind.
 
 Exit codes: 0 done; 1 nothing found or nothing done (``inspect`` of an

@@ -7,9 +7,9 @@ name (its main key is a lock, fair lock, read-write lock, semaphore or
 latch; a Redlock lock of the same name has keys of its own), with its
 holders, its waiters and its fencing counter. Nothing here knows a kind:
 each kind declares its layout, member formats and reader once, in its
-``aiolock/_primitives/<name>_kind.py`` (``aiolock._core.kinds.KindSpec``,
+``aiolock/_primitives/<name>_kind.py`` (``aiolock._core.protocol.kinds.KindSpec``,
 registered in ``aiolock._primitives.KINDS``); the key names are
-``aiolock._core.keys``'s.
+``aiolock._core.protocol.keys``'s.
 
 Times: every expiry is given as milliseconds left (``ttl_ms``), counted from
 the server clock (``RawName.now_ms``, read in the same round trip), or from
@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from aiolock._core.keys import FENCE
-from aiolock._core.kinds import (
+from aiolock._core.protocol.keys import FENCE
+from aiolock._core.protocol.kinds import (
     FOREIGN,
     Description,
     Holder,
@@ -50,7 +50,7 @@ __all__ = [
     "name_of_key",
 ]
 
-#: One primitive found under a name, described (``aiolock._core.kinds``).
+#: One primitive found under a name, described (``aiolock._core.protocol.kinds``).
 Primitive = Description
 
 #: The keys of one name that hold state, by suffix, with the Redis type

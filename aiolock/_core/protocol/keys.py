@@ -30,7 +30,7 @@ built this way: it carries the primitive's hash tag, so it lives in the same
 slot as the declared keys (see scripts/_fair_queue.lua).
 
 What each key holds, and which kind writes it, is declared once per kind
-(``KindSpec.parts`` in the kind's module, aiolock/_core/kinds.py): the
+(``KindSpec.parts`` in the kind's module, aiolock/_core/protocol/kinds.py): the
 key classes here take their suffixes from the constants below, as do those
 declarations. A new primitive may keep its key class in its own module
 (subclassing ``Keys``); this module then does not change.
@@ -58,7 +58,7 @@ __all__ = [
 
 # The suffixes after a main key of the keys that hold state: named once here,
 # used by the key classes below and by each kind's declared layout (its
-# ``KindSpec.parts``, aiolock/_core/kinds.py), which the CLI reads. Wake-up
+# ``KindSpec.parts``, aiolock/_core/protocol/kinds.py), which the CLI reads. Wake-up
 # lists, ``:signal``, ``:wsignal`` and a fair lock's ``:sig:<client id>``,
 # carry no state.
 FENCE = ":fence"  # fencing counter: t last issued, r last released, b wait bound
@@ -80,7 +80,7 @@ def main_key(prefix: str, name: str) -> str:
 def lost_prefix(prefix: str, tag: str | None = None) -> str:
     """The template of a Client's eviction channel (``+ client id``): where a
     force release tells a holder's Client that its hold was deleted (see
-    scripts/_evict.lua and _core/evict.py). Standalone: ``<prefix>:lost:``,
+    scripts/_evict.lua and _core/holds/evict.py). Standalone: ``<prefix>:lost:``,
     one channel per Client. Cluster mode (``tag``: a hash tag of the evicted
     name's slot, so that the script's SPUBLISH stays in its slot):
     ``<prefix>:{<tag>}:lost:``, one channel per Client and slot."""

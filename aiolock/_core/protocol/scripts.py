@@ -10,7 +10,7 @@ is the script runner's business alone (runner.py).
 A script builds no key or channel name: it gets every key it touches in
 KEYS and every channel in ARGV, and a name that depends on a client id it
 finds in Redis as a template in ARGV (the part before the id). All of them
-come from aiolock/_core/keys.py.
+come from aiolock/_core/protocol/keys.py.
 
 A refused command changes nothing: every script that writes checks the type
 of each key it may write, on any path, before its first write (``_types.lua``)
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from .errors import WrongTypeError
+from ..errors import WrongTypeError
 
 __all__ = [
     "CROSS_SLOT",
@@ -108,7 +108,7 @@ def _node_source(source: str) -> str:
     A key it touches that this node does not serve (its slot moved, or is
     migrating and the key is gone already) fails the whole call ("Script
     attempted to access a non local key"), never reads as missing: the caller
-    splits the batch then (holds.py). It must never run after an ``ASKING``:
+    splits the batch then (holds/lifecycle.py). It must never run after an ``ASKING``:
     a key of a slot this node imports would then read as missing.
     """
     flag, _, body = source.partition("\n")

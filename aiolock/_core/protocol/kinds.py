@@ -11,7 +11,7 @@ them (``KINDS``: the one registration). A spec says:
 * its **name** (as the command line shows it) and the words that name it in
   sentences;
 * its **key layout**: ``parts``, the keys that hold state, by suffix after
-  the main key ``<prefix>:{<name>}`` (``_core/keys.py`` names the suffixes),
+  the main key ``<prefix>:{<name>}`` (``_core/protocol/keys.py`` names the suffixes),
   each with the Redis type aiolock writes there and what it holds; the first
   part is its *anchor*, the key whose existence is an instance of the kind
   (kinds with one anchor are one name's one primitive: a name's main key is a

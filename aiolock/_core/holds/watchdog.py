@@ -44,8 +44,8 @@ import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .futures import stop
-from .outage import Outage
+from ..futures import stop
+from ..outage import Outage
 
 __all__ = ["BATCH", "Renewable", "Renewer", "Watchdog", "group_batches", "plan_batches"]
 

@@ -61,16 +61,16 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .capabilities import STANDALONE, Capabilities
-from .connection import CommandConnection, Loadable, Orphan, reply_future
-from .errors import (
+from ..capabilities import STANDALONE, Capabilities
+from ..errors import (
     AiolockError,
     ReplicationError,
     ServerRefusedError,
     UnsupportedServerError,
 )
+from ..validate import to_ms
+from .connection import CommandConnection, Loadable, Orphan, reply_future
 from .redis_compat import ConnectionFactory
-from .validate import to_ms
 
 log = logging.getLogger("aiolock.lock")
 

@@ -35,13 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .capabilities import STANDALONE, Capabilities
-from .connection import CommandConnection
-from .errors import ClientClosedError, InvalidArgumentError
+from ..capabilities import STANDALONE, Capabilities
+from ..errors import ClientClosedError, InvalidArgumentError
+from ..outage import Outage
+from ..transport.connection import CommandConnection
+from ..transport.redis_compat import ConnectionFactory
+from ..validate import check_seconds
 from .listener import Channel, Subscriber
-from .outage import Outage
-from .redis_compat import ConnectionFactory
-from .validate import check_seconds
 
 __all__ = ["Backoff", "ListWaiter", "PollWaiter", "PubSubWaiter", "SignalHub", "Waiter"]
 

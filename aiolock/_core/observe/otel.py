@@ -1,6 +1,6 @@
 """OpenTelemetry metrics and spans (imported only when ``opentelemetry-api`` is installed).
 
-``OtelTelemetry`` is the ``Telemetry`` of observe.py over the *global* meter
+``OtelTelemetry`` is the ``Telemetry`` of observe/observer.py over the *global* meter
 and tracer providers. Made before the application configured them, its
 instruments are the API's proxies, which start recording the moment
 ``metrics.set_meter_provider`` / ``trace.set_tracer_provider`` is called;
@@ -46,7 +46,7 @@ looked for while the tracer is the API's proxy with no global
 TracerProvider set; the counts are kept all the same, so an SDK configured
 later reads true holds and waiters at once. Without a ``lock_label`` the
 Observer keeps them itself (``tally``: by kind, str keys) and calls nothing
-here while nothing records (``recording``; observe.py, ``Observer.live``).
+here while nothing records (``recording``; observe/observer.py, ``Observer.live``).
 A waited acquisition ends its wait in ``acquired`` (no separate
 ``waiting(-1)``), and a local handoff is one ``handed`` call (the hold
 counts do not move). ``benchmarks/instrumentation.py`` measures it.
@@ -149,7 +149,7 @@ class Counts:
         self.losses: dict[Key, int] = {}
         self.holds: dict[Key, int] = {}
         self.waiters: dict[Key, int] = {}
-        # The Observer's own counts (observe.py, Tally: no lock_label), by kind
+        # The Observer's own counts (observe/observer.py, Tally: no lock_label), by kind
         # alone, for the series (kind, "acquired" or "", None): a str key is
         # hashed once, a tuple at every lookup.
         self.acquired_by_kind: dict[str, int] = {}

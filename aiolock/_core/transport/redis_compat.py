@@ -58,10 +58,11 @@ from redis.asyncio.sentinel import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
-from .errors import MasterChangedError
+from ..errors import MasterChangedError
 
 __all__ = [
     "NOT_MASTER",
+    "Connection",
     "ConnectionFactory",
     "SentinelService",
     "address",
@@ -78,6 +79,8 @@ __all__ = [
 NOT_MASTER = (MasterChangedError, MasterNotFoundError)
 
 #: Builds a new, unconnected redis-py connection with aiolock's settings.
+#: A redis-py connection, as the rest of aiolock names it (not importing redis-py's module).
+Connection = AbstractConnection
 ConnectionFactory = Callable[[], AbstractConnection]
 
 

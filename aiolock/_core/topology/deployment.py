@@ -41,15 +41,16 @@ from typing import Any, ClassVar, Protocol
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from .capabilities import STANDALONE, Capabilities
-from .cluster import ClusterMux, ShardedListener, Topology, check_versions, slot_of
-from .connection import CommandConnection, Lane
-from .errors import ServerRefusedError, UnsupportedServerError, clause
-from .listener import Listener
-from .notify import SignalHub
-from .redis_compat import ConnectionFactory, SentinelService, sentinel_service
-from .replication import AckedConnection, Acknowledgement, acked_node
-from .scripts import Script, load_scripts
+from ..capabilities import STANDALONE, Capabilities
+from ..errors import ServerRefusedError, UnsupportedServerError, clause
+from ..protocol.scripts import Script, load_scripts
+from ..protocol.slots import slot_of
+from ..transport.connection import CommandConnection, Lane
+from ..transport.redis_compat import ConnectionFactory, SentinelService, sentinel_service
+from ..transport.replication import AckedConnection, Acknowledgement, acked_node
+from ..waiting.listener import Listener
+from ..waiting.notify import SignalHub
+from .cluster import ClusterMux, ShardedListener, Topology, check_versions
 from .sentinel import SentinelWatch
 
 __all__ = [

@@ -15,10 +15,10 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .errors import LockNotOwnedError
-from .futures import Outcome
-from .observe import Observer
-from .validate import check_seconds
+from ..errors import LockNotOwnedError
+from ..futures import Outcome
+from ..observe.observer import Observer
+from ..validate import check_seconds
 
 __all__ = ["Hold", "HoldEngine", "Lease", "LostCallback"]
 
@@ -50,7 +50,7 @@ class HoldEngine(Protocol):
 
     @property
     def observer(self) -> Observer:
-        """Counts holds and losses (observe.py)."""
+        """Counts holds and losses (observe/observer.py)."""
         ...
 
     def release_hold(self, hold: Hold) -> asyncio.Future[int]:
@@ -64,7 +64,7 @@ class HoldEngine(Protocol):
 class Hold:
     """One ownership of one lock in Redis (shared by the Leases of its re-entries).
 
-    Made only by ``Engine.new_hold`` (``Holds.new_hold`` in holds.py), or
+    Made only by ``Engine.new_hold`` (``Holds.new_hold`` in holds/lifecycle.py), or
     passed on locally by ``Engine.pass_on`` (``Holds.pass_on``), which
     wires it (``on_detach``, ``on_release``) and starts keeping it alive; its
     engine is anything that satisfies ``HoldEngine``.

@@ -68,11 +68,9 @@ from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.crc import key_slot
 from redis.exceptions import NoPermissionError, ResponseError
 
-from .connection import CommandConnection, Loadable, Orphan, SafeCalls, reply_future
-from .errors import (
+from ..errors import (
     AiolockError,
     ClientClosedError,
     ConnectionFailedError,
@@ -81,10 +79,17 @@ from .errors import (
     clause,
     from_redis,
 )
-from .futures import retrieve, stop
-from .listener import Channel, Listener
-from .outage import Outage
-from .redis_compat import ConnectionFactory, cluster_node, node_connection_factory, read_slot_map
+from ..futures import retrieve, stop
+from ..outage import Outage
+from ..protocol.slots import slot_of
+from ..transport.connection import CommandConnection, Loadable, Orphan, SafeCalls, reply_future
+from ..transport.redis_compat import (
+    ConnectionFactory,
+    cluster_node,
+    node_connection_factory,
+    read_slot_map,
+)
+from ..waiting.listener import Channel, Listener
 
 __all__ = [
     "MAX_REDIRECTS",
@@ -94,7 +99,6 @@ __all__ = [
     "check_version",
     "check_versions",
     "server_version",
-    "slot_of",
 ]
 
 log = logging.getLogger("aiolock.cluster")
@@ -110,11 +114,6 @@ MIN_VERSION = (7, 0)
 RESEND_CAP = 0.25
 _REDIRECT = re.compile(r"\b(MOVED|ASK) (\d+) (\S+):(\d+)")
 _ASKING = (b"ASKING",)
-
-
-def slot_of(key: Any) -> int:
-    """The cluster slot of ``key`` (its hash tag's, if it has one)."""
-    return key_slot(key.encode() if isinstance(key, str) else key)
 
 
 def command_key(args: tuple[Any, ...], script: bool = False) -> Any:

@@ -39,9 +39,10 @@ import asyncio
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
-from .cluster import ClusterMux, Topology, slot_of
-from .connection import Lane
-from .scripts import NODE, node_call
+from ..protocol.scripts import NODE, node_call
+from ..protocol.slots import slot_of
+from ..topology.cluster import ClusterMux, Topology
+from ..transport.connection import Lane
 
 __all__ = ["SpreadEngine", "renew_spread", "slot_trouble"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .connection import DID_NOT_RUN
+from ..transport.connection import DID_NOT_RUN
 
 __all__ = ["Call", "Cleaner", "OnReply", "Undo"]
 

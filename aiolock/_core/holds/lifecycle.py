@@ -15,18 +15,18 @@ import logging
 from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any, Protocol
 
-from .cluster import Topology
-from .connection import Lane, Orphan
-from .errors import LockNotOwnedError
+from ..errors import LockNotOwnedError
+from ..futures import Outcome
+from ..observe.observer import FIXED_LEASE_EXPIRED
+from ..owner import task_serial
+from ..protocol.scripts import refused
+from ..topology.cluster import Topology
+from ..transport.connection import Lane, Orphan
+from ..transport.replication import Acknowledgement
+from ..validate import to_ms
 from .evict import Evictions
-from .futures import Outcome
 from .lease import Hold, HoldEngine, Lease, LostCallback, call_lost_callback
-from .observe import FIXED_LEASE_EXPIRED
-from .owner import task_serial
-from .replication import Acknowledgement
-from .scripts import refused
 from .spread import renew_spread
-from .validate import to_ms
 from .watchdog import Watchdog
 
 __all__ = ["HoldOwner", "Holds"]

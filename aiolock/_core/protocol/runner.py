@@ -43,9 +43,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .connection import Lane, Orphan, reply_future
-from .errors import ServerRefusedError, from_redis
-from .replication import Unacknowledged
+from ..errors import ServerRefusedError, from_redis
+from ..transport.connection import Lane, Orphan, reply_future
+from ..transport.replication import Unacknowledged
 from .scripts import Script, load_scripts
 
 __all__ = ["Program", "ScriptRunner", "missing"]

@@ -35,12 +35,11 @@ import logging
 import random
 from collections.abc import Callable
 
-from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from ..outage import Outage
 from . import redis_compat
-from .outage import Outage
-from .redis_compat import ConnectionFactory
+from .redis_compat import Connection, ConnectionFactory
 
 __all__ = ["Dialer", "Link"]
 
@@ -51,7 +50,7 @@ class Link:
 
     __slots__ = ("_conn", "transport")
 
-    def __init__(self, conn: AbstractConnection, transport: asyncio.WriteTransport) -> None:
+    def __init__(self, conn: Connection, transport: asyncio.WriteTransport) -> None:
         self._conn = conn
         self.transport = transport
 

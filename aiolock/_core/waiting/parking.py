@@ -79,9 +79,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-from .errors import ClientClosedError
-from .futures import expire
-from .observe import note_waiting
+from ..errors import ClientClosedError
+from ..futures import expire
+from ..observe.observer import note_waiting
 
 __all__ = ["Parked", "ParkingLot"]
 
@@ -138,7 +138,7 @@ class ParkingLot(Generic[E]):
     ) -> asyncio.TimerHandle | None:
         """Queue ``entry`` (its future not done); at loop time ``deadline`` its
         future gets False. Returns the timer, for `unparked`. The caller then
-        awaits ``entry.fut`` itself (it counts as waiting: see observe.py;
+        awaits ``entry.fut`` itself (it counts as waiting: see observe/observer.py;
         ``noted``: the caller counted it already)."""
         if not noted:
             note_waiting()

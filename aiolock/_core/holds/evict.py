@@ -40,10 +40,10 @@ import binascii
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .cluster import slot_of
-from .keys import lost_prefix
+from ..protocol.keys import lost_prefix
+from ..protocol.slots import slot_of
+from ..waiting.listener import WAKE_ALL, Channel, Listener, Subscriber
 from .lease import Hold
-from .listener import WAKE_ALL, Channel, Listener, Subscriber
 from .watchdog import Watchdog
 
 __all__ = ["FORCE_RELEASED", "Evictions", "slot_tag"]

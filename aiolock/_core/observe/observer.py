@@ -33,7 +33,7 @@ from contextvars import ContextVar
 from importlib.util import find_spec
 from typing import Any, Literal, Protocol, TypeVar
 
-from .errors import LockTimeoutError
+from ..errors import LockTimeoutError
 
 __all__ = [
     "CLIENT_CLOSED",

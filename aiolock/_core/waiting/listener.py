@@ -5,7 +5,7 @@ Channels
 A waiting primitive (lock, fair lock, semaphore, latch, ...) registers
 interest in its channel, tries, and if that failed it parks on the channel
 until a message (or the holder's TTL) says "try again". The parked tasks of a
-`Channel` are kept in a `ParkingLot` (see ``_core/parking.py``), the one wait
+`Channel` are kept in a `ParkingLot` (see ``_core/waiting/parking.py``), the one wait
 queue every local wait uses; the channel adds only its wake-up policy.
 
 A `Channel` is reference counted: the listener subscribes when the first
@@ -40,13 +40,13 @@ from typing import Protocol
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from .connection import pack
-from .dialer import Dialer, Link
-from .errors import ClientClosedError
-from .futures import retrieve, stop
-from .hiredis import hiredis
+from ..errors import ClientClosedError
+from ..futures import retrieve, stop
+from ..transport.connection import pack
+from ..transport.dialer import Dialer, Link
+from ..transport.hiredis import hiredis
+from ..transport.redis_compat import ConnectionFactory
 from .parking import Parked, ParkingLot
-from .redis_compat import ConnectionFactory
 
 __all__ = ["WAKE_ALL", "WAKE_ONE", "Channel", "Listener", "Subscriber"]
 
@@ -85,7 +85,7 @@ class Channel:
         self.refs = 0
         self._confirmed: asyncio.Event | None = None
         # Parked waiters, FIFO (O(1) per waiter that gives up, even with
-        # 100,000 parked at once: see _core/parking.py).
+        # 100,000 parked at once: see _core/waiting/parking.py).
         self._lot: ParkingLot[Parked] = ParkingLot()
         self._permits = 0
         self.closed = False

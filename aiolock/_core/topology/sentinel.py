@@ -50,10 +50,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from redis.asyncio.connection import AbstractConnection
-
-from .connection import CommandConnection
-from .errors import (
+from ..errors import (
     AiolockError,
     ConnectionFailedError,
     InvalidArgumentError,
@@ -61,9 +58,10 @@ from .errors import (
     UnsupportedServerError,
     clause,
 )
-from .futures import stop
-from .listener import Listener
-from .redis_compat import SentinelService
+from ..futures import stop
+from ..transport.connection import CommandConnection
+from ..transport.redis_compat import Connection, SentinelService
+from ..waiting.listener import Listener
 
 __all__ = ["SWITCH_CHANNEL", "SentinelWatch"]
 
@@ -129,7 +127,7 @@ class SentinelWatch:
         self._checks: set[asyncio.Task[Any]] = set()
         self._closed = False
 
-    def _rotate(self) -> AbstractConnection:
+    def _rotate(self) -> Connection:
         """A connection to the next Sentinel (each reconnect tries another)."""
         factory = self._factories[self._next % len(self._factories)]
         self._next += 1

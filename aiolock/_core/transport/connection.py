@@ -52,9 +52,8 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from .capabilities import STANDALONE, Capabilities
-from .dialer import Dialer, Link
-from .errors import (
+from ..capabilities import STANDALONE, Capabilities
+from ..errors import (
     ClientClosedError,
     ConnectionFailedError,
     MasterChangedError,
@@ -63,9 +62,10 @@ from .errors import (
     UnsupportedServerError,
     from_redis,
 )
-from .futures import stop
+from ..futures import stop
+from ..outage import Outage
+from .dialer import Dialer, Link
 from .hiredis import hiredis
-from .outage import Outage
 from .redis_compat import ConnectionFactory
 
 __all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Lane", "Loadable", "Orphan"]

@@ -1,0 +1,2 @@
+"""Observe: the counts of acquisitions and holds, and OpenTelemetry when installed.
+"""
