@@ -115,6 +115,8 @@ EXCLUDED: dict[tuple[str, str, str], str] = {
         for k in KINDS
         if k.id != "lock"
     },
+    ("cluster", "timeout_honoured", "*"): _LOCAL,
+    ("cluster", "lost_lease_cancels_body", "*"): _LOCAL,
     ("sentinel", "reentrancy", "*"): _LOCAL,
     ("sentinel", "timeout_honoured", "*"): _LOCAL,
     ("sentinel", "lost_lease_cancels_body", "*"): _LOCAL,
