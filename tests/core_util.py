@@ -9,7 +9,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from aiolock import Client, testing
+from aiolock import Client
+from aiolock.testing import seam
 
 if TYPE_CHECKING:
     from tests.servers import RedisServer
@@ -68,7 +69,7 @@ def parked_on_channels(client: Client) -> int:
     """Tasks of ``client`` parked on a channel right now (a pub/sub channel, or a
     list-mode BLPOP loop's): past the retry that follows their registration, so
     only a wake-up or their TTL bound (list mode: 1 s) frees them."""
-    engine = testing.engine(client)
+    engine = seam.engine(client)
     channels = [*engine.listener.channels.values()]
     channels += [signal.channel for signal in engine.signals._signals.values()]
     return sum(channel.parked for channel in channels)
@@ -78,8 +79,8 @@ async def assert_clean(client: Client, *clients: Client) -> None:
     """Every local trace of locking is gone: no holds, waiters, channels, leases, I/O."""
     for c in (client, *clients):
         await eventually(lambda c=c: is_quiet(c), what=f"{c!r} to be quiet")
-        assert testing.local_states(c) == {}, (
-            f"local lock states left behind: {testing.local_states(c)}"
+        assert seam.local_states(c) == {}, (
+            f"local lock states left behind: {seam.local_states(c)}"
         )
 
 

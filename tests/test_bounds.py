@@ -29,8 +29,9 @@ from typing import Any
 
 import pytest
 
-from aiolock import Client, testing
+from aiolock import Client
 from aiolock._primitives.fair import _FairState
+from aiolock.testing import seam
 from tests.cluster_servers import ClusterProcess
 from tests.core_util import eventually
 
@@ -78,7 +79,7 @@ async def on_cluster(cluster: ClusterProcess) -> AsyncIterator[Make]:
 def parked(client: Client) -> int:
     """Waiting calls of ``client`` parked right now, past their confirming
     retry: on a channel of its listener, or as a fair lock's ticket."""
-    engine = testing.engine(client)
+    engine = seam.engine(client)
     on_channels = sum(channel.parked for channel in engine.listener.channels.values())
     tickets = sum(
         len(state.lot) for state in engine.states.values() if isinstance(state, _FairState)

@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from aiolock import Client, ClientClosedError, WrongEventLoopError, testing
+from aiolock import Client, ClientClosedError, WrongEventLoopError
+from aiolock.testing import seam
 from tests.core_util import eventually
 from tests.servers import RedisServer
 
@@ -29,10 +30,10 @@ async def test_aclose_from_another_loop_leaves_the_client_to_close_properly(
         lease = await client.lock("held").acquire()  # a watchdog hold (the 30 s lease)
         blocker = await other.lock("busy").acquire()
         waiter = asyncio.create_task(client.lock("busy").acquire())  # its listener connects
-        await eventually(lambda: testing.listener(client).connected, what="the listener to connect")
+        await eventually(lambda: seam.listener(client).connected, what="the listener to connect")
         await eventually(lambda: client.statistics().waiting == 1, what="the waiter to park")
-        listener_task = testing.listener(client)._task
-        watchdog_task = testing.watchdog(client)._task
+        listener_task = seam.listener(client)._task
+        watchdog_task = seam.watchdog(client)._task
         assert listener_task is not None and watchdog_task is not None
 
         with pytest.raises(WrongEventLoopError):
@@ -77,7 +78,7 @@ async def test_idle_pubsub_connection_is_not_reconnected(
         Client.from_url(server.url, prefix="h") as other,
         Client.from_url(server.url, prefix="h") as client,
     ):
-        listener = testing.listener(client)
+        listener = seam.listener(client)
         listener._health_interval = HEALTH_INTERVAL  # read when its session starts
 
         async def contended_acquire_release() -> None:

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from aiolock import Client, LockLostError, testing
+from aiolock import Client, LockLostError
+from aiolock.testing import seam
 from tests.cluster_servers import ClusterNode, ClusterProcess
 from tests.core_util import eventually
 
@@ -475,11 +476,11 @@ async def test_acquire_and_release_mid_migration(fresh_cluster: ClusterProcess) 
         assert await asyncio.to_thread(cluster.move_keys, slot, target) >= 1
         with source.admin_client() as admin:  # (EXISTS would answer ASK)
             assert admin.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0  # type: ignore[no-untyped-call]
-        redirects = testing.renewal_lane(first).redirects  # type: ignore[attr-defined]
+        redirects = seam.renewal_lane(first).redirects  # type: ignore[attr-defined]
         for _ in range(3):  # renewed (every lease / 3) through ASK, for over a lease
             await asyncio.sleep(lease_s / 2.5)
             assert not lease.lost, lease.lost_reason
-        assert testing.renewal_lane(first).redirects > redirects  # type: ignore[attr-defined]
+        assert seam.renewal_lane(first).redirects > redirects  # type: ignore[attr-defined]
         waiting = asyncio.create_task(second.lock(name).acquire())
         releasing = asyncio.create_task(lease.release())
         await asyncio.to_thread(cluster.finish_migration, slot, target)

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from aiolock import Client, ConnectionFailedError, LockTimeoutError, testing
+from aiolock import Client, ConnectionFailedError, LockTimeoutError
 from aiolock._primitives.lock import AsyncLock, LocalQueue
 from aiolock._primitives.multi import MultiLease, MultiLock
+from aiolock.testing import seam
 from tests.cluster_servers import ClusterNode, ClusterProcess
 from tests.core_util import assert_clean, evalsha_calls, eventually
 
@@ -60,7 +61,7 @@ def names_on_masters(cluster: ClusterProcess, tag: str = "") -> list[tuple[str, 
 
 def held_here(client: Client, name: str) -> bool:
     """This Client has a local hold of lock ``name`` (the part is taken)."""
-    state = testing.peek_state(client, key(name))
+    state = seam.peek_state(client, key(name))
     return isinstance(state, LocalQueue) and state.hold is not None
 
 

@@ -31,10 +31,11 @@ import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from aiolock import Client, LockNotOwnedError, LockTimeoutError, testing
+from aiolock import Client, LockNotOwnedError, LockTimeoutError
 from aiolock._core.protocol.scripts import load_scripts
 from aiolock._core.topology.cluster import ShardedListener
 from aiolock._core.waiting.listener import Listener
+from aiolock.testing import seam
 from tests.cluster_servers import ClusterProcess
 from tests.core_util import eventually
 
@@ -168,7 +169,7 @@ async def parked_on(waiter: Client, nodes: Nodes, master: str, channel: bytes | 
     """Wait until ``waiter`` waits on ``master``: its sharded listener
     subscribed there (the server says so) and only there, or, in list mode,
     it blocks in BLPOP there. ``channel``: the one it must listen on."""
-    engine = testing.engine(waiter)
+    engine = seam.engine(waiter)
     if waiter.notify == "pubsub":
 
         def subscribed() -> bool:
@@ -263,7 +264,7 @@ async def _classic(client: Client, node: str) -> None:
     """Make the cluster-mode ``client`` wait the way a standalone one does:
     the standalone scripts (classic ``PUBLISH``) and one classic pub/sub
     listener, connected to ``node``. A test-only set-up: aiolock never runs so."""
-    engine = testing.engine(client)
+    engine = seam.engine(client)
     await client.lock("settle").is_locked()  # settles the mode: cluster
     assert engine.topology is not None
     scripts = load_scripts()
@@ -299,7 +300,7 @@ async def test_classic_publish_makes_two_holders(
         channel = lock_b._names.wait_channel(b.id)
 
         def confirmed() -> bool:
-            subscribed = testing.listener_channels(b).get(channel)
+            subscribed = seam.listener_channels(b).get(channel)
             return subscribed is not None and subscribed.parked == 1
 
         await eventually(confirmed, what="B parked on its confirmed channel")
@@ -354,7 +355,7 @@ async def test_no_grant_from_a_replica(
     lock_b = b.lock(name)
     assert await lock_b.is_locked()  # (B's mode is settled: cluster)
     channel = lock_b._names.wait_channel(b.id)
-    listener = testing.listener(b)
+    listener = seam.listener(b)
     assert isinstance(listener, ShardedListener)
     pinned = listener._listener(replica).register(channel)
     waiting = asyncio.ensure_future(lock_b.acquire())
@@ -413,7 +414,7 @@ async def _finish(nodes: Nodes, slot: int, target: str) -> None:
 
 
 async def _listens_on(client: Client, nodes: Nodes, master: str, channel: bytes) -> bool:
-    subscribed = testing.listener_channels(client).get(channel)
+    subscribed = seam.listener_channels(client).get(channel)
     return (
         subscribed is not None
         and subscribed.is_confirmed
@@ -475,7 +476,7 @@ async def test_waiter_when_the_slot_map_lags(fresh_make: MakeClient, fresh_nodes
     waiting = asyncio.ensure_future(lock_b.acquire())
     try:
         await parked_on(b, nodes, source, channel)
-        topology = testing.engine(b).topology
+        topology = seam.engine(b).topology
         assert topology is not None
         refreshes = topology.refreshes
         await _give_away(nodes, _slot(name), target)
@@ -487,7 +488,7 @@ async def test_waiter_when_the_slot_map_lags(fresh_make: MakeClient, fresh_nodes
             )
 
         await eventually(dropped, what="the source dropped B's channel and B read the map")
-        subscribed = testing.listener_channels(b).get(channel)
+        subscribed = seam.listener_channels(b).get(channel)
         assert subscribed is not None and not subscribed.is_confirmed  # (the map lags)
         await _finish(nodes, _slot(name), target)
         await nodes.load()
@@ -537,14 +538,14 @@ async def test_slot_moves_away_and_back(
     finally:
         waiting.cancel()
     await held_b.release()
-    lingering = testing.listener_channels(b).get(channel)
+    lingering = seam.listener_channels(b).get(channel)
     assert lingering is not None and lingering.refs == 0  # (Listener.LINGER)
     await _migrate(fresh_cluster, slot, home)
     await nodes.load()
 
     async def dropped() -> bool:
         return (
-            channel not in testing.listener_channels(b)
+            channel not in seam.listener_channels(b)
             and await nodes.shard_subscribers(away, channel) == 0
             and await nodes.shard_subscribers(home, channel) == 0
         )
@@ -575,7 +576,7 @@ async def test_waiter_across_a_manual_failover(
     held_a = await a.lock(name).acquire()
     lock_b = b.lock(name)
     assert await lock_b.is_locked()  # (B's mode is settled: cluster)
-    listener = testing.listener(b)
+    listener = seam.listener(b)
     assert isinstance(listener, ShardedListener)
     pinned = listener._listener(replica).register(f"cp:{{{name}}}:pinned".encode())
     await eventually(lambda: pinned.is_confirmed, what="the pinned channel moved to the master")

@@ -17,12 +17,13 @@ from typing import Any
 
 import redis
 
-from aiolock import Client, Lease, testing
+from aiolock import Client, Lease
 from aiolock._core.errors import ConnectionFailedError, ServerRefusedError, ServerUnavailableError
 from aiolock._core.holds.spread import slot_trouble
 from aiolock._core.holds.watchdog import group_batches
 from aiolock._core.protocol.keys import main_key
 from aiolock._core.protocol.scripts import NODE, RENEWALS, load_scripts, node_call
+from aiolock.testing import seam
 from tests.cluster_servers import ClusterNode, ClusterProcess
 from tests.core_util import eventually
 from tests.servers import LOOPBACK
@@ -60,13 +61,13 @@ def _pttl(cluster: ClusterProcess, key: str, *, asking: bool = False) -> int:
 
 
 async def _rounds(client: Client, count: int, what: str) -> None:
-    watchdog = testing.watchdog(client)
+    watchdog = seam.watchdog(client)
     start = watchdog.rounds
     await eventually(lambda: watchdog.rounds >= start + count, timeout=60, what=what)
 
 
 def _watched(client: Client) -> list[Any]:
-    return list(testing.watchdog(client)._items)
+    return list(seam.watchdog(client)._items)
 
 
 def test_batches_never_mix_shards() -> None:
@@ -146,7 +147,7 @@ async def test_every_kind_of_hold_on_every_master_outlives_its_leases(
             waiters.append(asyncio.create_task(client.rw_lock(rw).write.acquire()))
 
         def pairs() -> set[tuple[str, Any]]:
-            engine = testing.engine(client)
+            engine = seam.engine(client)
             return {(i.renew_script, engine.shard(i.renew_key)) for i in _watched(client)}
 
         await eventually(
@@ -154,7 +155,7 @@ async def test_every_kind_of_hold_on_every_master_outlives_its_leases(
             what="every renewal script in use on every master",
         )
         assert {script for script, _ in pairs()} == RENEWALS
-        watchdog = testing.watchdog(client)
+        watchdog = seam.watchdog(client)
         rounds, calls = watchdog.rounds, watchdog.calls
         await _rounds(client, THREE_LEASES, "three leases of renewals")
         assert [lease.lost_reason for lease in leases if lease.lost] == []
@@ -164,7 +165,7 @@ async def test_every_kind_of_hold_on_every_master_outlives_its_leases(
         assert watchdog.calls - calls <= (watchdog.rounds - rounds + 1) * len(pairs())
         for item in _watched(client):
             assert _pttl(cluster, item.renew_key) > 0, item.renew_key
-        assert testing.renewal_lane(client).nodes == sorted(m.address for m in masters)  # type: ignore[attr-defined]
+        assert seam.renewal_lane(client).nodes == sorted(m.address for m in masters)  # type: ignore[attr-defined]
         for lease in leases:
             await lease.release()
         for lease in await asyncio.gather(*waiters):
@@ -188,7 +189,7 @@ async def test_verifier_checks_holds_per_master(cluster: ClusterProcess) -> None
     new epoch), its batch on one master: never one call over all of them."""
     prefix = f"cv{secrets.token_hex(3)}"
     async with Client.from_url(cluster.url, prefix=prefix, lease=LEASE) as client:
-        engine = testing.engine(client)
+        engine = seam.engine(client)
         leases = []
         for node in cluster.masters():
             names = _names(prefix, node, cluster, "v")
@@ -243,7 +244,7 @@ async def test_migrating_slot_never_loses_a_hold(fresh_cluster: ClusterProcess) 
         for key in keys:
             assert _pttl(cluster, key, asking=key in moved) > 0, key
         # The moved keys were renewed one by one, following ASK to the target.
-        assert testing.renewal_lane(client).redirects > 0  # type: ignore[attr-defined]
+        assert seam.renewal_lane(client).redirects > 0  # type: ignore[attr-defined]
 
         cluster.move_keys(slot)
         await _rounds(client, 3, "renewals of a slot whose keys all moved")
@@ -278,6 +279,6 @@ async def test_holds_follow_a_manual_failover(fresh_cluster: ClusterProcess) -> 
         for item in _watched(client):
             if cluster.master_for_key(item.renew_key).node_id == replica.node_id:
                 assert _pttl(cluster, item.renew_key) > 0
-        assert testing.engine(client).shard(leases[0]._hold.renew_key) == replica.address
+        assert seam.engine(client).shard(leases[0]._hold.renew_key) == replica.address
         for lease_ in leases:
             await lease_.release()

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from aiolock import Client, LockLostError, testing
+from aiolock import Client, LockLostError
 from aiolock._primitives.lock import COHORT_BOUND
+from aiolock.testing import seam
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
 
@@ -113,8 +114,8 @@ async def test_locally_passed_hold_is_renewed_and_can_be_lost(
     async def second() -> None:
         async with lock:
             got.set()
-            rounds = testing.watchdog_rounds(client)
-            await eventually(lambda: testing.watchdog_rounds(client) >= rounds + 4, timeout=30)
+            rounds = seam.watchdog_rounds(client)
+            await eventually(lambda: seam.watchdog_rounds(client) >= rounds + 4, timeout=30)
             assert await lock.is_owned(), "renewed past the 4.5 s lease (4 rounds: 6 s)"
             await other_client.lock("l").force_release()
             await asyncio.sleep(30)
@@ -134,7 +135,7 @@ async def test_local_handoffs_do_not_wake_the_watchdog(client: Client) -> None:
     watchdog task per acquisition halved contended throughput). It is woken
     only when it idles with nothing to renew, or for a hold due sooner than
     its next round (never here: every hold has the Client's lease)."""
-    kick = testing.watchdog(client)._kick  # (the watchdog task may be waiting on it)
+    kick = seam.watchdog(client)._kick  # (the watchdog task may be waiting on it)
     kicks = 0
     set_kick = kick.set
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from aiolock import Client, testing
+from aiolock import Client
+from aiolock.testing import seam
 from tests.core_util import assert_clean, eventually
 from tests.servers import LOOPBACK, ServerKind, ServerProcess, binary_for, find_free_port
 
@@ -34,7 +35,7 @@ async def exercise(url: str, prefix: str = "app") -> None:
         await eventually(lambda: waiter.statistics().waiting == 1, what="the waiter to park")
         # Two renewals: the watchdog's connection works (a failed one marks the hold lost).
         await eventually(
-            lambda: testing.watchdog_rounds(holder) >= 2,
+            lambda: seam.watchdog_rounds(holder) >= 2,
             timeout=3 * LEASE + 10,
             what="two watchdog rounds",
         )

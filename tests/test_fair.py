@@ -28,11 +28,11 @@ from aiolock import (
     LockLostError,
     LockNotOwnedError,
     LockTimeoutError,
-    testing,
 )
 from aiolock._core.waiting.listener import WAKE_ALL, Channel
 from aiolock._core.waiting.notify import ListWaiter
 from aiolock._primitives.fair import FairLock, _FairState
+from aiolock.testing import seam
 from tests.conftest import MakeClient
 from tests.core_util import (
     assert_clean,
@@ -93,7 +93,7 @@ def parked(client: Client) -> int:
     retry, waiting for a message or their bound."""
     return sum(
         1
-        for state in testing.local_states(client).values()
+        for state in seam.local_states(client).values()
         if isinstance(state, _FairState)
         for _ in state.lot  # (the live entries: tickets parked right now)
     )
@@ -324,9 +324,9 @@ async def test_many_local_waiters_cost_one_subscription_and_one_renewal(
     stats = b.statistics()
     assert stats.waiting == 30 and stats.watched == 1
     assert stats.subscriptions == (0 if b.notify == "poll" else 1)
-    calls, rounds = testing.watchdog_calls(b), testing.watchdog_rounds(b)
-    await eventually(lambda: testing.watchdog_rounds(b) >= rounds + 3, what="3 renewal rounds")
-    assert (testing.watchdog_calls(b) - calls) / (testing.watchdog_rounds(b) - rounds) <= 1.5
+    calls, rounds = seam.watchdog_calls(b), seam.watchdog_rounds(b)
+    await eventually(lambda: seam.watchdog_rounds(b) >= rounds + 3, what="3 renewal rounds")
+    assert (seam.watchdog_calls(b) - calls) / (seam.watchdog_rounds(b) - rounds) <= 1.5
     await holder.release()
     lease = await asyncio.wait_for(tasks[0], 10)
     for task in tasks[1:]:

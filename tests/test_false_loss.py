@@ -27,8 +27,9 @@ from typing import Any
 
 import pytest
 
-from aiolock import Client, Lease, LockLostError, LockNotOwnedError, testing
+from aiolock import Client, Lease, LockLostError, LockNotOwnedError
 from aiolock._core.transport.connection import CommandConnection
+from aiolock.testing import seam
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
 
@@ -86,7 +87,7 @@ def replies_held(mux: CommandConnection) -> Iterator[None]:
 async def gate_renewals(client: Client) -> asyncio.Future[Any]:
     """Block the watchdog's connection in Redis until ``open_gate``: a renewal
     sent now reaches Redis but runs only after the gate opens."""
-    mux = testing.renewal_lane(client)
+    mux = seam.renewal_lane(client)
     before = mux.in_flight
     gate = mux.submit(b"BLPOP", GATE, 0)
     await eventually(lambda: mux.in_flight == before + 1, what="the gate on the wire")
@@ -123,7 +124,7 @@ async def test_a_release_racing_a_renewal_is_not_a_loss(
     """The release runs in Redis before the renewal; the renewal's "gone" is
     read before the release's reply. The body ended normally: no loss."""
     async with Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client:
-        watchdog = testing.watchdog(client)
+        watchdog = seam.watchdog(client)
         body = Body(primitive(client, kind))
         await body.entered.wait()
         hold = body.lease._hold  # type: ignore[union-attr]
@@ -135,9 +136,9 @@ async def test_a_release_racing_a_renewal_is_not_a_loss(
             gate = await gate_renewals(client)
             pending = asyncio.create_task(watchdog.renew_all())
             await eventually(
-                lambda: testing.renewal_lane(client).in_flight == 2, what="the renewal sent"
+                lambda: seam.renewal_lane(client).in_flight == 2, what="the renewal sent"
             )
-        with replies_held(testing.command_lane(client)):
+        with replies_held(seam.command_lane(client)):
             body.may_end.set()  # the body ends normally; __aexit__ sends the release
             await eventually(lambda: not exists(server, entry_key(kind)), what="the release run")
             if pending is None:
@@ -166,7 +167,7 @@ async def test_a_hold_deleted_by_someone_else_is_lost(
         body = Body(primitive(client, kind))
         await body.entered.wait()
         server.execute("DEL", entry_key(kind))
-        assert await testing.renew_now(client)
+        assert await seam.renew_now(client)
         with pytest.raises(LockLostError, match="watchdog found the hold gone"):
             await body.task
         assert body.lease is not None and body.lease.lost
@@ -185,7 +186,7 @@ async def test_a_lock_force_released_by_another_client_is_lost(url: str) -> None
         body = Body(client.lock("res"))
         await body.entered.wait()
         assert await other.lock("res").force_release()
-        assert await testing.renew_now(client)
+        assert await seam.renew_now(client)
         with pytest.raises(LockLostError, match="watchdog found the hold gone"):
             await body.task
         await assert_clean(client, other)
@@ -199,13 +200,13 @@ async def test_a_hold_deleted_before_our_release_ran_is_lost(
     and a renewal's "gone" is read first. The loss is real: the release's
     reply reports it, so ``async with`` still raises LockLostError."""
     async with Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client:
-        watchdog = testing.watchdog(client)
+        watchdog = seam.watchdog(client)
         body = Body(primitive(client, kind))
         await body.entered.wait()
         hold = body.lease._hold  # type: ignore[union-attr]
         assert await watchdog.renew_all()
         calls = _script_calls(server)
-        with replies_held(testing.command_lane(client)):
+        with replies_held(seam.command_lane(client)):
             server.execute("DEL", entry_key(kind))
             body.may_end.set()
             await eventually(lambda: _script_calls(server) > calls, what="the release run")
@@ -228,7 +229,7 @@ async def test_a_handoff_racing_a_renewal_is_not_a_loss(url: str, server: RedisS
     owner and token in Redis) runs before a renewal of the old hold, whose
     "gone" is read first. Neither task sees a loss; the next one holds the lock."""
     async with Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client:
-        watchdog = testing.watchdog(client)
+        watchdog = seam.watchdog(client)
         lock = client.lock("res")
         first = Body(lock)
         await first.entered.wait()
@@ -238,7 +239,7 @@ async def test_a_handoff_racing_a_renewal_is_not_a_loss(url: str, server: RedisS
         await eventually(lambda: client.statistics().waiting == 1, what="the second task queued")
         assert await watchdog.renew_all()
         owner_field = old.owner
-        with replies_held(testing.command_lane(client)):
+        with replies_held(seam.command_lane(client)):
             first.may_end.set()
             await eventually(
                 lambda: server.execute("HEXISTS", entry_key("lock"), owner_field) == 0,
@@ -266,7 +267,7 @@ async def test_a_local_pass_then_a_release_racing_renewals_is_not_a_loss(
     releases, and the release runs before the renewal and before a renewal of
     the new Hold, both of whose "gone" are read first. No loss for either."""
     async with Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client:
-        watchdog = testing.watchdog(client)
+        watchdog = seam.watchdog(client)
         lock = client.lock("res")
         first = Body(lock)
         await first.entered.wait()
@@ -277,14 +278,14 @@ async def test_a_local_pass_then_a_release_racing_renewals_is_not_a_loss(
         gate = await gate_renewals(client)
         stale = asyncio.create_task(watchdog.renew_all())  # renews the first hold
         await eventually(
-            lambda: testing.renewal_lane(client).in_flight == 2, what="the renewal sent"
+            lambda: seam.renewal_lane(client).in_flight == 2, what="the renewal sent"
         )
         first.may_end.set()
         await second.entered.wait()  # passed locally: no round trip
         new = second.lease._hold  # type: ignore[union-attr]
         assert new is not old and new.renew_args == old.renew_args
         assert not (await first.task).lost
-        with replies_held(testing.command_lane(client)):
+        with replies_held(seam.command_lane(client)):
             second.may_end.set()
             await eventually(lambda: not exists(server, entry_key("lock")), what="the release run")
             open_gate(server)
@@ -306,7 +307,7 @@ async def test_a_grant_racing_a_renewal_is_not_a_loss(url: str, server: RedisSer
         Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client,
         Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as other,
     ):
-        watchdog = testing.watchdog(client)
+        watchdog = seam.watchdog(client)
         first = Body(client.lock("res"))
         await first.entered.wait()
         old = first.lease._hold  # type: ignore[union-attr]
@@ -314,7 +315,7 @@ async def test_a_grant_racing_a_renewal_is_not_a_loss(url: str, server: RedisSer
         second = Body(theirs)
 
         def parked() -> bool:
-            channel = testing.listener_channels(other).get(theirs._wait_channel)
+            channel = seam.listener_channels(other).get(theirs._wait_channel)
             return channel is not None and channel.is_confirmed and other.statistics().waiting == 1
 
         await eventually(parked, what="the other Client's task parked")
@@ -323,7 +324,7 @@ async def test_a_grant_racing_a_renewal_is_not_a_loss(url: str, server: RedisSer
             what="its entry in the waiting set",
         )
         assert await watchdog.renew_all()
-        with replies_held(testing.command_lane(client)):
+        with replies_held(seam.command_lane(client)):
             first.may_end.set()
             await eventually(
                 lambda: server.execute("HEXISTS", entry_key("lock"), old.owner) == 0,
@@ -354,7 +355,7 @@ async def test_a_fixed_lease_running_out_while_its_release_is_in_flight_is_not_a
         await body.entered.wait()
         hold = body.lease._hold  # type: ignore[union-attr]
         loop = asyncio.get_running_loop()
-        with replies_held(testing.command_lane(client)):
+        with replies_held(seam.command_lane(client)):
             body.may_end.set()
             await eventually(lambda: not exists(server, entry_key(kind)), what="the release run")
             # The fixed lease's timer fires (the reply is still unread).
@@ -375,12 +376,12 @@ async def test_an_extend_after_the_release_is_not_a_loss(url: str, server: Redis
         lease = await client.lock("res").acquire()
         lost: list[Lease] = []
         lease.on_lost(lost.append)
-        with replies_held(testing.command_lane(client)):
+        with replies_held(seam.command_lane(client)):
             releasing = asyncio.create_task(lease.release())
             await eventually(lambda: not exists(server, entry_key("lock")), what="the release run")
             extending = asyncio.create_task(lease.extend(LEASE))
             await eventually(
-                lambda: testing.command_lane(client).in_flight == 2, what="the extend sent"
+                lambda: seam.command_lane(client).in_flight == 2, what="the extend sent"
             )
         await releasing
         with pytest.raises(LockNotOwnedError):
@@ -415,7 +416,7 @@ async def test_acquire_again_while_the_release_is_in_flight(
 
         task = asyncio.create_task(holder())
         await held.wait()
-        with replies_held(testing.command_lane(client)):
+        with replies_held(seam.command_lane(client)):
             releasing = asyncio.create_task(leases[0].release())  # from another task
             await eventually(lambda: not exists(server, entry_key(kind)), what="the release run")
             go.set()

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from aiolock import Client, ConnectionFailedError, LockLostError, LockTimeoutError, testing
+from aiolock import Client, ConnectionFailedError, LockLostError, LockTimeoutError
+from aiolock.testing import seam
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer, TcpProxy
 
@@ -22,8 +23,8 @@ async def test_pubsub_connection_killed_waiter_still_woken(server: RedisServer) 
         task = asyncio.create_task(waiter.lock("k").acquire())
         # The waiter listens on its Client's own channel of the lock (targeted wake-ups).
         name = f"f:{{k}}:w:{waiter.id}".encode()
-        await eventually(lambda: testing.listener_channels(waiter).get(name) is not None)
-        channel = testing.listener_channels(waiter)[name]
+        await eventually(lambda: seam.listener_channels(waiter).get(name) is not None)
+        channel = seam.listener_channels(waiter)[name]
         await eventually(lambda: channel.is_confirmed, what="subscription confirmed")
         assert server.kill_pubsub_clients() >= 1
         await eventually(
@@ -112,7 +113,7 @@ async def test_release_script_is_idempotent(server: RedisServer) -> None:
         lease = await client.lock("idem").acquire()
         hold = lease._hold
         redis = aioredis.Redis.from_url(server.url)
-        script = testing.engine(client).scripts[hold.release_script]
+        script = seam.engine(client).scripts[hold.release_script]
         args, keys = hold.release_args, hold.release_keys
         try:
             assert await redis.eval(script.source, len(keys), *keys, *args) == 1
@@ -145,7 +146,7 @@ async def _gate_undos(
     resolve with each undo's reply."""
     gate = asyncio.Event()
     replies: list[asyncio.Future[object]] = []
-    retry = testing.engine(client).retry
+    retry = seam.engine(client).retry
 
     async def gated(
         name: str, keys: tuple[object, ...], args: tuple[object, ...], attempts: int = 5
@@ -163,7 +164,7 @@ async def _gate_undos(
         reply.set_result(result)
         return result
 
-    testing.engine(client).retry = gated  # type: ignore[method-assign]
+    seam.engine(client).retry = gated  # type: ignore[method-assign]
     return gate, replies
 
 
@@ -237,7 +238,7 @@ async def test_each_failed_command_gets_its_own_error(proxy: TcpProxy) -> None:
         proxy.blackhole()
         calls = [asyncio.create_task(lock.is_locked()) for _ in range(2)]
         await eventually(
-            lambda: len(testing.command_lane(client)._pending) >= 2, what="both on the wire"
+            lambda: len(seam.command_lane(client)._pending) >= 2, what="both on the wire"
         )
         proxy.cut()  # one connection lost: both fail
         lost = await asyncio.gather(*calls, return_exceptions=True)
@@ -261,7 +262,7 @@ async def test_pubsub_link_dropped_right_after_subscribing_backs_off(server: Red
         Client.from_url(server.url, prefix="fb") as holder,
         Client.from_url(server.url, prefix="fb") as waiter,
     ):
-        listener = testing.listener(waiter)
+        listener = seam.listener(waiter)
         listener._health_interval = 3600.0  # no session here lasts that long
         held = await holder.lock("k").acquire()
         task = asyncio.create_task(waiter.lock("k").acquire())

@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from aiolock import Client, LockLostError, testing
+from aiolock import Client, LockLostError
 from aiolock._core.holds.evict import FORCE_RELEASED, slot_tag
 from aiolock._core.protocol.keys import lost_prefix
+from aiolock.testing import seam
 from tests.core_util import eventually
 
 #: A's Client lease: its watchdog runs every LONG / 3, longer than any test here.
@@ -75,7 +76,7 @@ class Body:
 
 async def listening(client: Client) -> None:
     """Waits until the Client's eviction channels are confirmed (a connected holder)."""
-    evictions = testing.engine(client).evictions
+    evictions = seam.engine(client).evictions
 
     def confirmed() -> bool:
         channels = list(evictions._channels.values())
@@ -101,7 +102,7 @@ async def told_at_once(a: Client, b: Client, kind: str, name: str, lease: float 
     # B takes it; A's Client holds nothing and renews nothing of it.
     other = await primitive(b, kind, name).acquire(timeout=LONG / 6)
     await other.release()
-    assert not testing.watched(a)
+    assert not seam.watched(a)
 
 
 @pytest.mark.parametrize("lease", [None, FIXED], ids=["renewed", "fixed"])
@@ -125,7 +126,7 @@ async def test_force_release_tells_the_holder_at_once_on_a_cluster(
         # Names on different slots (and masters): one eviction channel per slot.
         for name in ("job-a", "job-b", "job-c"):
             await told_at_once(a, b, kind, f"{name}-{kind}", lease)
-        assert len(testing.engine(a).evictions._channels) == 3
+        assert len(seam.engine(a).evictions._channels) == 3
 
 
 async def test_both_sides_of_a_rw_lock_held_by_one_client(url: str) -> None:
@@ -163,7 +164,7 @@ async def test_a_newer_hold_of_the_same_client_is_not_marked_lost(url: str) -> N
         assert await b.lock("again").force_release()
         with pytest.raises(LockLostError):
             await first.task
-        recent = testing.engine(a).evictions._recent
+        recent = seam.engine(a).evictions._recent
         bound, _, heard = recent["aiolock:{again}"]
         assert bound >= first.lease.fencing_token
         message = f"x {bound} * aiolock:{{again}}"
@@ -191,8 +192,8 @@ async def test_a_fixed_lease_deleted_by_an_operator_is_reported(url: str, kind: 
         key = renew_key(kind, name)
         ttl = await raw.pttl(key)
         await asyncio.sleep(0)
-        checks = testing.watchdog_rounds(a)
-        await eventually(lambda: testing.watchdog_rounds(a) > checks + 1, what="two checks")
+        checks = seam.watchdog_rounds(a)
+        await eventually(lambda: seam.watchdog_rounds(a) > checks + 1, what="two checks")
         assert await raw.pttl(key) <= ttl  # checked, never extended
         assert not body.lease.lost
         assert await raw.delete(key) == 1

@@ -12,14 +12,9 @@ from typing import Any
 
 import pytest
 
-from aiolock import (
-    Client,
-    InvalidArgumentError,
-    InvalidArgumentTypeError,
-    LockTimeoutError,
-    testing,
-)
+from aiolock import Client, InvalidArgumentError, InvalidArgumentTypeError, LockTimeoutError
 from aiolock._primitives.latch import Latch
+from aiolock.testing import seam
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
 
@@ -104,7 +99,7 @@ async def test_try_set_count_semantics(
     assert await other_client.latch("set", 0).try_set_count(7) is False, "already counting"
     assert await latch.count() == 3
     ttl = server.execute("PTTL", "d:{set}")
-    assert 0 < ttl <= testing.retention_ms(client), "a latch key always has a TTL"
+    assert 0 < ttl <= seam.retention_ms(client), "a latch key always has a TTL"
     for _ in range(3):
         await other_client.latch("set", 0).count_down()
     assert await latch.count() == 0

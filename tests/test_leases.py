@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from aiolock import Client, Lease, LockLostError, LockNotOwnedError, testing
+from aiolock import Client, Lease, LockLostError, LockNotOwnedError
 from aiolock._core.holds.watchdog import plan_batches
+from aiolock.testing import seam
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
 
@@ -30,9 +31,9 @@ def other_client_options() -> dict[str, Any]:
 async def test_watchdog_renews_past_the_lease(client: Client) -> None:
     lock = client.lock("renewed")
     async with lock as lease:
-        rounds = testing.watchdog_rounds(client)
+        rounds = seam.watchdog_rounds(client)
         await eventually(
-            lambda: testing.watchdog_rounds(client) >= rounds + 4, what="4", timeout=30
+            lambda: seam.watchdog_rounds(client) >= rounds + 4, what="4", timeout=30
         )
         # 4 renewals at lease/3 = 6 s > the 4.5 s lease: only renewal kept it alive.
         assert await lock.is_owned()
@@ -42,10 +43,10 @@ async def test_watchdog_renews_past_the_lease(client: Client) -> None:
 
 async def test_watchdog_batches_renewals(client: Client) -> None:
     leases = [await client.lock(f"b{i}").acquire() for i in range(1200)]
-    calls, rounds = testing.watchdog_calls(client), testing.watchdog_rounds(client)
-    await eventually(lambda: testing.watchdog_rounds(client) >= rounds + 2, what="2 rounds")
-    per_round = (testing.watchdog_calls(client) - calls) / (
-        testing.watchdog_rounds(client) - rounds
+    calls, rounds = seam.watchdog_calls(client), seam.watchdog_rounds(client)
+    await eventually(lambda: seam.watchdog_rounds(client) >= rounds + 2, what="2 rounds")
+    per_round = (seam.watchdog_calls(client) - calls) / (
+        seam.watchdog_rounds(client) - rounds
     )
     assert per_round <= 3, f"{per_round} script calls per round for 1200 holds"
     assert not any(lease.lost for lease in leases)

@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from aiolock import Client, ConnectionFailedError, testing
+from aiolock import Client, ConnectionFailedError
 from aiolock._core.outage import Outage
 from aiolock._core.waiting.notify import Waiter
 from aiolock._primitives.base import compete
+from aiolock.testing import seam
 from tests.core_util import eventually, pubsub_subscribers
 from tests.servers import RedisServer, ServerProcess
 
@@ -159,7 +160,7 @@ async def test_pubsub_drop_is_one_warning_and_one_info(
     ):
         held = await holder.lock("ps").acquire()
         task = asyncio.create_task(waiter.lock("ps").acquire())
-        listener = testing.listener(waiter)
+        listener = seam.listener(waiter)
         await eventually(
             lambda: any(c.is_confirmed for c in listener.channels.values()),
             what="the waiter's subscription confirmed",
@@ -199,7 +200,7 @@ async def test_outage_is_one_warning_per_connection_and_one_info_with_counts(
     async with Client.from_url(fresh_server.url, prefix="log", command_timeout=0.5) as client:
         lock = client.lock("outage")
         lease = await lock.acquire()  # 30 s lease: it outlives the outage
-        watchdog = testing.watchdog(client)
+        watchdog = seam.watchdog(client)
         assert await watchdog.renew_all()  # the renewal connection is up
         with fresh_server.paused():
             for _ in range(rounds):
@@ -318,7 +319,7 @@ async def test_waiting_tasks_outage_lasts_until_the_last_failing_task_recovers(
     (one cluster master down, the others up) does not flap WARNING/INFO."""
     caplog.set_level(logging.INFO, logger="aiolock.lock")
     await client.lock("warm").is_locked()  # the Client is bound to this loop
-    engine = testing.engine(client)
+    engine = seam.engine(client)
     loop = asyncio.get_running_loop()
     down = True
     failed = 0

@@ -30,7 +30,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 from opentelemetry.trace import StatusCode
 
 import aiolock
-from aiolock import testing
 from aiolock._core.observe.otel import (
     ACQUISITIONS,
     BUCKETS,
@@ -46,6 +45,7 @@ from aiolock._core.observe.otel import (
     WAITERS,
     OtelTelemetry,
 )
+from aiolock.testing import seam
 from tests.core_util import eventually
 from tests.servers import RedisServer
 
@@ -65,7 +65,7 @@ class Otel:
 
     def instrument(self, client: aiolock.Client, lock_label: Any = None) -> aiolock.Client:
         """Send ``client``'s telemetry here instead of to the global providers."""
-        testing.observer(client).telemetry = OtelTelemetry(
+        seam.observer(client).telemetry = OtelTelemetry(
             lock_label, meter_provider=self.meters, tracer_provider=self.tracers
         )
         return client
@@ -225,8 +225,8 @@ async def test_counters_add_up_over_clients_and_outlive_them(make_client: Any, o
         assert otel.value(HOLDS, kind="lock") == 2
     assert otel.value(ACQUISITIONS, kind="lock", outcome="acquired") == 2
     await first.aclose()
-    telemetry = weakref.ref(testing.observer(first).telemetry)
-    testing.observer(first).telemetry = None
+    telemetry = weakref.ref(seam.observer(first).telemetry)
+    seam.observer(first).telemetry = None
     gc.collect()
     assert telemetry() is None
     # A counter never goes down: the counts of a Client gone are kept.
@@ -243,8 +243,8 @@ async def test_a_client_gone_while_holding_leaves_no_hold_in_the_gauge(
     gone = otel.instrument(await make_client())
     await gone.lock("kept").acquire()
     assert otel.value(HOLDS, kind="lock") == 1
-    telemetry = weakref.ref(testing.observer(gone).telemetry)
-    testing.observer(gone).telemetry = None  # as if the Client were collected, unclosed
+    telemetry = weakref.ref(seam.observer(gone).telemetry)
+    seam.observer(gone).telemetry = None  # as if the Client were collected, unclosed
     gc.collect()
     assert telemetry() is None
     assert otel.value(HOLDS, kind="lock") == 0
@@ -400,7 +400,7 @@ async def test_a_wait_that_timed_out_has_an_error_span(
 
 async def test_telemetry_false_makes_no_telemetry(make_client: Any) -> None:
     client = await make_client(telemetry=False)
-    assert testing.observer(client).telemetry is None
+    assert seam.observer(client).telemetry is None
     async with client.lock("quiet"):
         pass
     assert client.statistics().acquisitions == 1
@@ -496,7 +496,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 import aiolock
-from aiolock import testing
+from aiolock.testing import seam
 
 async def main():
     url = sys.argv[1]
@@ -504,7 +504,7 @@ async def main():
         lock = client.lock("plain")
         async with lock:  # before any SDK: counted, not timed
             pass
-        assert not testing.observer(client).live
+        assert not seam.observer(client).live
         reader = InMemoryMetricReader()
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
         exporter = InMemorySpanExporter()
@@ -565,13 +565,13 @@ if sys.argv[2] == "blocked":  # as if opentelemetry were not installed
 import redis.asyncio  # which imports OpenTelemetry itself, if it can (redis-py >= 7)
 before = otel_modules()
 import aiolock
-from aiolock import testing
+from aiolock.testing import seam
 
 async def acquire(**options):
     async with aiolock.Client.from_url(sys.argv[1], **options) as client:
         async with client.lock("plain") as lease:
             assert lease.fencing_token > 0
-        assert testing.observer(client).telemetry is None
+        assert seam.observer(client).telemetry is None
         assert client.statistics().acquisitions == 1
 
 asyncio.run(acquire(telemetry=False) if sys.argv[2] == "off" else acquire())

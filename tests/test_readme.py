@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import aiolock
-from aiolock import testing
+from aiolock.testing import seam
 from tests.cluster_servers import ClusterProcess
 from tests.core_util import eventually
 
@@ -158,7 +158,7 @@ async def test_the_cluster_acl_line_is_enough(cluster: ClusterProcess, without_r
                 waiter = asyncio.create_task(second.lock(name).acquire(timeout=5))
                 # Parked on its (confirmed) channel: only a message wakes it now.
                 await eventually(
-                    lambda: any(c.parked for c in testing.listener_channels(second).values())
+                    lambda: any(c.parked for c in seam.listener_channels(second).values())
                 )
                 await lease.release()
                 await (await waiter).release()

@@ -33,9 +33,10 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from aiolock import Client, Redlock, WrongTypeError, testing
+from aiolock import Client, Redlock, WrongTypeError
 from aiolock._core.protocol import keys as keys_module
 from aiolock._core.protocol.scripts import Script, script_names
+from aiolock.testing import seam
 from tests.core_util import eventually
 
 # Every key of a name "n" (prefix "t") is "t:{n}" + suffix.
@@ -358,8 +359,8 @@ async def _refused_release_keeps_the_hold(
     assert await lock.is_owned()
     assert waiter is None or not waiter.done()
     expiry = await admin.execute_command("PEXPIRETIME", "t:{n}")
-    rounds = testing.watchdog_rounds(client)
-    await eventually(lambda: testing.watchdog_rounds(client) >= rounds + 2, what="2 renewal rounds")
+    rounds = seam.watchdog_rounds(client)
+    await eventually(lambda: seam.watchdog_rounds(client) >= rounds + 2, what="2 renewal rounds")
     assert await admin.execute_command("PEXPIRETIME", "t:{n}") > expiry  # still renewed
     assert not lease.lost
     await admin.delete("t:{n}:fence")
@@ -406,7 +407,7 @@ async def test_batch_renewal_skips_a_key_of_another_type(
     gone = (await client.lock("gone").acquire(lease=HOLD))._hold
     await admin.delete("t:{gone}")
     await plant(admin, "t:{gone}", planted)
-    reply = await testing.run_script(
+    reply = await seam.run_script(
         client,
         "renew",
         ("t:{gone}", "t:{kept}"),
@@ -468,7 +469,7 @@ async def test_refused_script_changes_nothing(
     await plant(admin, keys[bad], "string")
     before = await snapshot(admin)
     with pytest.raises(Exception) as info:  # any error for now: typed by the errors work
-        await testing.run_script(client, script, keys, args)
+        await seam.run_script(client, script, keys, args)
     assert names_key(info.value, keys[bad])
     assert await snapshot(admin) == before
 
@@ -490,7 +491,7 @@ async def test_renewal_never_fails_on_a_key_of_another_type(
     await admin.set("t:{x}", "planted")
     await admin.rpush("t:{y}", "planted")
     before = await snapshot(admin)
-    reply = await testing.run_script(client, script, ("t:{x}", "t:{y}"), (60000, *args))
+    reply = await seam.run_script(client, script, ("t:{x}", "t:{y}"), (60000, *args))
     assert [int(x) for x in reply] == [0, 0]
     assert await snapshot(admin) == before
 
@@ -549,7 +550,7 @@ async def test_fair_handoff_skips_a_signal_key_of_another_type(
     await admin.hset("t:{f}", mapping={holder: 1, "~fence": 5})
     await admin.zadd("t:{f}:q", {waiter: 1, "~bb": -(2**45)})
     await admin.set("t:{f}:sig:bb", "planted")
-    code = await testing.run_script(
+    code = await seam.run_script(
         client,
         "fair_release",
         ("t:{f}", "t:{f}:fence", "t:{f}:q"),

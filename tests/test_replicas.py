@@ -23,9 +23,9 @@ from aiolock import (
     LockTimeoutError,
     ReplicationError,
     UnsupportedServerError,
-    testing,
 )
 from aiolock._primitives.base import LockLike
+from aiolock.testing import seam
 from tests.cluster_servers import ClusterProcess
 from tests.core_util import assert_clean, eventually
 from tests.replication_servers import ReplicatedPair
@@ -238,7 +238,7 @@ async def test_cancelled_before_the_script_reply(replicated_pair: ReplicatedPair
     pair = replicated_pair
     async with client_for(pair) as client:
         await client.lock("warm").acquire()  # connected, scripts loaded
-        lane = testing.acked_lane(client)
+        lane = seam.acked_lane(client)
         assert lane is not None
         task = asyncio.create_task(client.lock("a").acquire())
         await eventually(lambda: lane.in_flight >= 1, interval=0, what="the script sent")
@@ -251,7 +251,7 @@ async def test_cancelled_before_the_script_reply(replicated_pair: ReplicatedPair
         with pytest.raises(asyncio.CancelledError):
             await task
         await eventually(lambda: pair.master.execute("EXISTS", "aiolock:{a}") == 0, what="the undo")
-        assert testing.peek_state(client, "aiolock:{a}") is None
+        assert seam.peek_state(client, "aiolock:{a}") is None
 
 
 async def test_cancelled_during_the_wait(replicated_pair: ReplicatedPair) -> None:
@@ -265,7 +265,7 @@ async def test_cancelled_during_the_wait(replicated_pair: ReplicatedPair) -> Non
             lambda: pair.master.execute("EXISTS", "aiolock:{a}") == 1, what="the script ran"
         )
         await eventually(
-            lambda: testing.acked_lane(client).in_flight == 1,  # type: ignore[union-attr]
+            lambda: seam.acked_lane(client).in_flight == 1,  # type: ignore[union-attr]
             what="only the WAIT pending",
         )
         task.cancel()
@@ -285,7 +285,7 @@ async def test_cancelled_during_a_healthy_wait_keeps_nothing(
     pair = replicated_pair
     async with client_for(pair, replica_timeout=5.0) as client:
         await (await client.lock("warm").acquire()).release()
-        lane = testing.acked_lane(client)
+        lane = seam.acked_lane(client)
         assert lane is not None
         waits = lane.waits
         pair.stall()
@@ -380,7 +380,7 @@ async def test_cluster_acknowledged_per_master(cluster: ClusterProcess) -> None:
                 conn.execute_command("READONLY")
                 assert conn.exists(key) == 1, name
         assert len({cluster.master_for_slot(cluster.slot_of(f"{{{n}}}")).port for n in names}) > 1
-        assert await testing.renew_now(client) is True
+        assert await seam.renew_now(client) is True
         await asyncio.gather(*(lease.release() for lease in leases))
         # A multi-lock over two masters: one acknowledged script per slot.
         async with client.multi_lock(*(client.lock(n) for n in names[:4])):

@@ -17,8 +17,9 @@ from redis.backoff import NoBackoff
 from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from aiolock import Client, Lease, LockLostError, LockNotOwnedError, testing
+from aiolock import Client, Lease, LockLostError, LockNotOwnedError
 from aiolock._history import Op, check
+from aiolock.testing import seam
 from tests.core_util import assert_clean, evalsha_calls, eventually
 from tests.servers import RedisServer, ServerProcess
 
@@ -73,7 +74,7 @@ async def test_restart_never_hands_a_local_waiter_a_lower_token(
             return lease.fencing_token
 
         waiter = asyncio.create_task(t2())
-        state = testing.local_states(a)[lock_a._key]
+        state = seam.local_states(a)[lock_a._key]
         await eventually(lambda: len(state.lot) == 1, what="t2 to queue behind t1 locally")
 
         fresh_server.restart()  # every key gone, fence counters too
@@ -119,7 +120,7 @@ async def test_restart_reports_every_hold_lost_at_once(fresh_server: ServerProce
         renewed = await a.lock("w").acquire()
         fixed = await a.lock("f").acquire(lease=120)
         rounds_at_loss: list[int] = []
-        renewed.on_lost(lambda _: rounds_at_loss.append(testing.watchdog_rounds(a)))
+        renewed.on_lost(lambda _: rounds_at_loss.append(seam.watchdog_rounds(a)))
         fixed_lost = asyncio.Event()
         fixed.on_lost(lambda _: fixed_lost.set())
         in_body = asyncio.Event()
@@ -165,15 +166,15 @@ async def test_healthy_reconnect_keeps_holds_and_free_local_handoffs(
             return int(fresh_server.execute("PTTL", "rs:{h}")) > 25_000
 
         await eventually(renewed, timeout=60, what="the hold renewed after the reconnect")
-        assert testing.watchdog_rounds(a) == 0, (
+        assert seam.watchdog_rounds(a) == 0, (
             "renewed by the check after the reconnect, not a round"
         )
         assert 0 < int(fresh_server.execute("PTTL", "rs:{f}")) <= fixed_ttl, "never extended"
         assert not first.lost and not fixed.lost
-        await eventually(lambda: testing.verifier(a) is not None and testing.verifier(a).done())
+        await eventually(lambda: seam.verifier(a) is not None and seam.verifier(a).done())
 
         waiter = asyncio.create_task(lock.acquire())
-        state = testing.local_states(a)[lock._key]
+        state = seam.local_states(a)[lock._key]
         await eventually(lambda: len(state.lot) == 1, what="the waiter to queue locally")
         calls = evalsha_calls(fresh_server)
         await first.release()
@@ -194,14 +195,14 @@ async def test_release_before_the_check_goes_to_the_server(fresh_server: ServerP
         lock = a.lock("x")
         first = await lock.acquire()
         waiter = asyncio.create_task(lock.acquire())
-        state = testing.local_states(a)[lock._key]
+        state = seam.local_states(a)[lock._key]
         await eventually(lambda: len(state.lot) == 1, what="t2 to queue behind t1 locally")
-        epoch = testing.connection_epoch(a)
+        epoch = seam.connection_epoch(a)
 
         fresh_server.restart()
 
         await eventually(  # the drop is seen; nothing was sent since
-            lambda: testing.connection_epoch(a) != epoch,
+            lambda: seam.connection_epoch(a) != epoch,
             timeout=20,
             interval=0,
             what="the Client to see its connection drop",
@@ -232,12 +233,12 @@ async def test_pubsub_connection_loss_alone_verifies_the_holds(
         name = f"rs:{{busy}}:w:{a.id}".encode()  # A's channel of the lock (targeted)
 
         def subscribed() -> bool:
-            channel = testing.listener_channels(a).get(name)
+            channel = seam.listener_channels(a).get(name)
             return channel is not None and channel.is_confirmed
 
         await eventually(subscribed, what="A's waiter to be subscribed")
         fresh_server.execute("PEXPIRE", "rs:{h}", 20_000)  # as if 10 s had passed
-        epoch, connects = testing.connection_epoch(a), a.statistics().command_connects
+        epoch, connects = seam.connection_epoch(a), a.statistics().command_connects
 
         assert fresh_server.kill_pubsub_clients() >= 1
 
@@ -245,8 +246,8 @@ async def test_pubsub_connection_loss_alone_verifies_the_holds(
             return int(fresh_server.execute("PTTL", "rs:{h}")) > 25_000
 
         await eventually(renewed, timeout=60, what="the hold renewed after the pub/sub loss")
-        assert testing.watchdog_rounds(a) == 0, "renewed by the check, not by a watchdog round"
-        assert testing.connection_epoch(a) > epoch and a.statistics().command_connects == connects
+        assert seam.watchdog_rounds(a) == 0, "renewed by the check, not by a watchdog round"
+        assert seam.connection_epoch(a) > epoch and a.statistics().command_connects == connects
         assert not held.lost
         await busy.release()
         await (await asyncio.wait_for(waiter, 20)).release()
@@ -268,7 +269,7 @@ async def test_restart_reports_holds_of_every_primitive_lost_at_once(
         ]
         rounds_at_loss: list[int] = []
         for lease in leases:
-            lease.on_lost(lambda _: rounds_at_loss.append(testing.watchdog_rounds(a)))
+            lease.on_lost(lambda _: rounds_at_loss.append(seam.watchdog_rounds(a)))
 
         fresh_server.restart()
 
@@ -347,30 +348,30 @@ async def test_every_primitive_confirms_its_new_holds(server: RedisServer) -> No
     async with Client.from_url(server.url, prefix="cf", lease=LEASE) as client:
         before = await _one_of_each(client, "a")
         for lease in before:
-            assert lease._hold.confirmed == testing.connection_epoch(client), lease
-        epoch = testing.connection_epoch(client)
+            assert lease._hold.confirmed == seam.connection_epoch(client), lease
+        epoch = seam.connection_epoch(client)
         # Each established connection lost is a new epoch: wait for them all.
         connected = sum(
             mux._link is not None
-            for mux in (testing.command_lane(client), testing.renewal_lane(client))
+            for mux in (seam.command_lane(client), seam.renewal_lane(client))
         )
         assert server.kill_normal_clients() >= connected >= 1  # a reset
         await eventually(
-            lambda: testing.connection_epoch(client) == epoch + connected,
+            lambda: seam.connection_epoch(client) == epoch + connected,
             what="the connection losses seen",
         )
         after = await _one_of_each(client, "b")  # acquired while the verifier runs
         for lease in after:
-            assert lease._hold.confirmed == testing.connection_epoch(client), lease
-        verifier = testing.verifier(client)
+            assert lease._hold.confirmed == seam.connection_epoch(client), lease
+        verifier = seam.verifier(client)
         assert verifier is not None
         await asyncio.wait_for(asyncio.shield(verifier), 20)
         for lease in before:  # verified in the new epoch, not lost
-            assert lease._hold.confirmed == testing.connection_epoch(client) and not lease.lost, (
+            assert lease._hold.confirmed == seam.connection_epoch(client) and not lease.lost, (
                 lease
             )
         more = await _one_of_each(client, "c")
-        assert testing.verifier(client) is verifier and verifier.done(), "no verification needed"
+        assert seam.verifier(client) is verifier and verifier.done(), "no verification needed"
         for lease in before + after + more:
             await lease.release()
         await assert_clean(client)
@@ -409,17 +410,17 @@ async def test_hold_granted_across_a_reset_is_verified_at_once(
         waiter = asyncio.create_task(client.lock("busy").acquire())  # connects the listener
         # (``other``'s too: it holds a lock, so it listens on its eviction channel.)
         await eventually(lambda: fresh_server.client_count("pubsub") >= 2, what="listeners")
-        epoch = testing.connection_epoch(client)
+        epoch = seam.connection_epoch(client)
         fresh_server.execute("CLIENT", "PAUSE", "30000", "WRITE")  # holds back scripts
         try:
             acquire = asyncio.create_task(client.semaphore("s", 2).acquire())
-            sent_by_acquire = spy_commands(monkeypatch, testing.command_lane(client), acquire)
+            sent_by_acquire = spy_commands(monkeypatch, seam.command_lane(client), acquire)
             await eventually(lambda: sent_by_acquire, what="the acquire sent")
             assert fresh_server.kill_pubsub_clients() >= 1  # a reset while it is held back
             await eventually(
-                lambda: testing.connection_epoch(client) > epoch, what="the connection loss seen"
+                lambda: seam.connection_epoch(client) > epoch, what="the connection loss seen"
             )
-            verifier = testing.verifier(client)
+            verifier = seam.verifier(client)
             assert verifier is not None
             await asyncio.wait_for(asyncio.shield(verifier), 20)  # nothing to verify yet
             assert not acquire.done()
@@ -428,10 +429,10 @@ async def test_hold_granted_across_a_reset_is_verified_at_once(
         permit = await asyncio.wait_for(acquire, 20)
         # Granted, but confirmed only in the epoch it was sent in: checked at once.
         await eventually(
-            lambda: permit._hold.confirmed == testing.connection_epoch(client),
+            lambda: permit._hold.confirmed == seam.connection_epoch(client),
             what="the new hold verified",
         )
-        assert testing.verifier(client) is not verifier
+        assert seam.verifier(client) is not verifier
         await permit.release()
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):

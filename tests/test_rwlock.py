@@ -27,10 +27,10 @@ from aiolock import (
     LockTimeoutError,
     LockUpgradeError,
     ServerRefusedError,
-    testing,
 )
 from aiolock._client import Notify
 from aiolock._primitives.rwlock import ReadLock, ReadWriteLock, WriteLock
+from aiolock.testing import seam
 from tests.conftest import NOTIFY_MODES, MakeClient
 from tests.core_util import (
     assert_clean,
@@ -537,9 +537,9 @@ async def _renew_both(other_client: Client) -> None:
     async def hold_both() -> None:
         w = await rw.write.acquire()
         r = await rw.read.acquire()
-        rounds = testing.watchdog_rounds(other_client)
+        rounds = seam.watchdog_rounds(other_client)
         await eventually(
-            lambda: testing.watchdog_rounds(other_client) >= rounds + 4, what="4", timeout=30
+            lambda: seam.watchdog_rounds(other_client) >= rounds + 4, what="4", timeout=30
         )
         # 4 renewals at 1.5 s > the 4.5 s lease: only the watchdog kept them.
         assert await rw.write.is_owned() and await rw.read.is_owned()

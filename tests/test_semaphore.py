@@ -23,9 +23,9 @@ from aiolock import (
     LockLostError,
     LockNotOwnedError,
     WrongTypeError,
-    testing,
 )
 from aiolock._primitives.semaphore import Permit, Semaphore
+from aiolock.testing import seam
 from tests.core_util import assert_clean, cancel_at_random, eventually
 from tests.servers import RedisServer
 
@@ -89,7 +89,7 @@ async def test_acquire_k_and_the_permit_releases_exactly_k(
     # Idle at its default N: no key but the fence and the (120 s) release record.
     assert server.execute("EXISTS", "s:{k}") == 0
     for key in ("s:{k}:r", "s:{k}:fence"):
-        assert 0 < server.execute("PTTL", key) <= testing.retention_ms(client), f"{key} has a TTL"
+        assert 0 < server.execute("PTTL", key) <= seam.retention_ms(client), f"{key} has a TTL"
     with pytest.raises(LockNotOwnedError):
         await sem.release()
     await assert_clean(client, other_client)
@@ -259,7 +259,7 @@ async def test_available_and_set_permits_while_held(
     assert_nothing_held(server, "setn")
     # A changed N outlives the holders (for the retention time), idle or not.
     assert server.execute("HGET", "s:{setn}", "n") == "1"
-    assert 0 < server.execute("PTTL", "s:{setn}") <= testing.retention_ms(client)
+    assert 0 < server.execute("PTTL", "s:{setn}") <= seam.retention_ms(client)
     assert await client.semaphore("setn", 2).get_permits() == 1
     await assert_clean(client, other_client)
 

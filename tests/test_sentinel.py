@@ -31,8 +31,8 @@ from aiolock import (
     InvalidArgumentTypeError,
     LockLostError,
     ServerUnavailableError,
-    testing,
 )
+from aiolock.testing import seam
 from tests.core_util import assert_clean, eventually
 from tests.sentinel_servers import SERVICE, SentinelSet
 from tests.servers import LOOPBACK, ServerProcess
@@ -290,7 +290,7 @@ async def test_manual_failover_stops_granting_on_old_master(sentinel_set: Sentin
         assert SentinelSet.role(old) == "master"  # the trap: still a writable master
         before_old = keys_on(old)
         # The Client learned of the switch (+switch-master, or its next question).
-        watch = testing.engine(client).deployment.watch
+        watch = seam.engine(client).deployment.watch
         assert watch is not None
         await eventually(lambda: watch.known == ("127.0.0.1", new.port), what="switch seen")
         for i in range(20):
@@ -324,7 +324,7 @@ async def test_lagging_sentinel_does_not_switch_back(sentinel_set: SentinelSet) 
         pytest.skip("one more failover on one kind only (the suite's time budget)")
     async with sentinel_client(s, lease=6.0) as client:
         await acquire_until(client, "before", 5.0)
-        watch = testing.engine(client).deployment.watch
+        watch = seam.engine(client).deployment.watch
         assert watch is not None
         lane = watch._lane._link
         link = watch._listener._link
@@ -416,7 +416,7 @@ async def test_readonly_is_retryable_and_followed(sentinel_set: SentinelSet) -> 
             # role check of the reconnect (within command_timeout).
             for _ in range(2):
                 with pytest.raises(ServerUnavailableError) as info:
-                    await testing.engine(client).call("st:ro", b"SET", "st:ro", b"1")
+                    await seam.engine(client).call("st:ro", b"SET", "st:ro", b"1")
                 assert info.value.code == "READONLY"
                 assert "master changed" in str(info.value)
             # A wait rides it out as an outage, and says why it gave up.
@@ -498,7 +498,7 @@ async def test_watch_moves_to_another_sentinel(sentinel_set: SentinelSet) -> Non
     s = sentinel_set
     async with sentinel_client(s, lease=6.0) as client:
         await acquire_until(client, "w", 5.0)
-        watch = testing.engine(client).deployment.watch
+        watch = seam.engine(client).deployment.watch
         assert watch is not None
         link = watch._listener._link
         assert link is not None

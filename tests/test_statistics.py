@@ -10,14 +10,8 @@ from typing import Any
 
 import pytest
 
-from aiolock import (
-    Client,
-    LockStatistics,
-    LockTimeoutError,
-    Redlock,
-    WrongTypeError,
-    testing,
-)
+from aiolock import Client, LockStatistics, LockTimeoutError, Redlock, WrongTypeError
+from aiolock.testing import seam
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
 
@@ -58,7 +52,7 @@ async def reprs(*objects: object) -> list[str]:
 def owner_of(client: Client, task: asyncio.Task[Any] | None) -> str:
     """The owner id of a live task: "<client id>:<task serial>"."""
     assert task is not None and not task.done()
-    return testing.engine(client).owner(task)
+    return seam.engine(client).owner(task)
 
 
 # -- lock.statistics() ---------------------------------------------------------------------

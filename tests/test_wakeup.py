@@ -19,8 +19,9 @@ from contextlib import AsyncExitStack
 
 import pytest
 
-from aiolock import Client, ClientClosedError, Lease, testing
+from aiolock import Client, ClientClosedError, Lease
 from aiolock._core.waiting.notify import ListWaiter
+from aiolock.testing import seam
 from tests.conftest import MakeClient
 from tests.core_util import assert_clean, evalsha_calls, eventually, parked_on_channels
 from tests.servers import RedisServer, TcpProxy
@@ -185,7 +186,7 @@ async def test_a_warm_waiter_cancelled_leaves_nothing(
     after one try (no confirming retry); cancelled while parked or during that
     try, it leaves no registration, subscription or waiting-set entry."""
     holder, waiter = clients[0], clients[1]
-    testing.listener(waiter).LINGER = 60.0  # keep the channel warm however slow the machine
+    seam.listener(waiter).LINGER = 60.0  # keep the channel warm however slow the machine
     held = await holder.lock("n").acquire()
     first = asyncio.create_task(waiter.lock("n").acquire())
     await eventually(lambda: waiting_set(server, "n") == [waiter.id], what="a waiter")
@@ -196,7 +197,7 @@ async def test_a_warm_waiter_cancelled_leaves_nothing(
     await lease.release()
     held = await asyncio.wait_for(behind, 20)
     # The waiter's channel lingers, subscribed: the next wait starts warm.
-    assert waiter.statistics().subscriptions == 0 and testing.listener_channels(waiter)
+    assert waiter.statistics().subscriptions == 0 and seam.listener_channels(waiter)
     before = evalsha_calls(server)
     task = asyncio.create_task(waiter.lock("n").acquire())
     if where == "parked":
