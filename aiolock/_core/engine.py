@@ -328,9 +328,9 @@ class Engine:
             if self.acked_lane is not None:
                 await self.acked_lane.aclose()
         await stop(self._settling)
-        await self.deployment.aclose(owned=self.owns_redis)
-        if self.owns_redis:
-            await self._redis.aclose()
+        # The deployment closes what it made, and the client the Client made
+        # (from_url, from_sentinel) in the order its parts need.
+        await self.deployment.aclose(self._redis if self.owns_redis else None)
 
     # -- introspection -------------------------------------------------------------------
 

@@ -21,15 +21,29 @@ def retrieve(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
+#: How long ``stop`` waits before it cancels a task again.
+RECANCEL = 0.5
+
+
 async def stop(task: asyncio.Task[Any] | None) -> None:
     """Cancel a background task (None: none) and wait until it has ended,
-    whatever it ended with (the one way a Client's long-lived tasks stop)."""
-    if task is not None:
-        task.cancel()
-        try:
-            await task
-        except BaseException:
-            pass
+    whatever it ended with (the one way a Client's long-lived tasks stop).
+
+    A task that goes on after its cancellation is cancelled again every
+    ``RECANCEL`` seconds: a cancellation that arrives while a connect is
+    under way can be swallowed below us (redis-py's Sentinel-managed connect
+    was seen to), and the task then waits on its new connection forever. A
+    close must not hang on that. (Cancelling the caller of ``stop`` cancels
+    the wait, not the task's stop: it was cancelled already.)"""
+    if task is None:
+        return
+    task.cancel()
+    while not task.done():
+        await asyncio.wait((task,), timeout=RECANCEL)
+        if not task.done():
+            task.cancel()
+    if not task.cancelled():
+        task.exception()  # (retrieved: whatever it ended with)
 
 
 class Outcome(asyncio.Future[int]):

@@ -70,6 +70,12 @@ sentinel_log = logging.getLogger("aiolock.sentinel")
 
 
 
+class Closable(Protocol):
+    """A redis-py client (``Redis``, ``RedisCluster``), as far as closing it goes."""
+
+    async def aclose(self) -> None: ...
+
+
 class Rounds(Protocol):
     """The watchdog, as a deployment sees it: its round (the Sentinel watch
     asks as often), and its batching of renewals per server."""
@@ -176,9 +182,12 @@ class Deployment:
         """Which server serves ``key``: None, one server serves every key."""
         return None
 
-    async def aclose(self, *, owned: bool) -> None:
-        """Close what the deployment made (``owned``: and the user's clients
-        that the Client made itself, e.g. ``from_sentinel``'s Sentinels)."""
+    async def aclose(self, owned: Closable | None) -> None:
+        """Close what the deployment made, and ``owned`` (the user-level client
+        the Client made itself: from_url, from_sentinel) in its place in that
+        order; None: the user's client is the user's to close."""
+        if owned is not None:
+            await owned.aclose()
 
 
 class Standalone(Deployment):
@@ -234,10 +243,13 @@ class Sentinel(Deployment):
         engine.signals.reset(f"the master changed: {reason}")
         engine.connection_reset()
 
-    async def aclose(self, *, owned: bool) -> None:
+    async def aclose(self, owned: Closable | None) -> None:
         if self.watch is not None:  # (a switch it reports now finds the Client closed)
             await self.watch.aclose()
-        if owned:  # from_sentinel: the Sentinels' clients too
+        if owned is not None:
+            # The master's client first (its pool asks the Sentinels' clients),
+            # then, from_sentinel, the Sentinels' clients.
+            await owned.aclose()
             await self.service.aclose()
 
 
@@ -328,9 +340,11 @@ class Cluster(Deployment):
         topology = self.topology
         return None if topology is None else topology.node(slot_of(key))
 
-    async def aclose(self, *, owned: bool) -> None:
+    async def aclose(self, owned: Closable | None) -> None:
         if self.topology is not None:
             await self.topology.aclose()
+        if owned is not None:
+            await owned.aclose()
         if self.owns_client:
             await self.client.aclose()
 
@@ -386,9 +400,11 @@ class Discover(Deployment):
         # (not the INFO, on the connection just closed).
         return Cluster(client, owns_client=True)
 
-    async def aclose(self, *, owned: bool) -> None:
+    async def aclose(self, owned: Closable | None) -> None:
         if self._found is not None:
-            await self._found.aclose(owned=owned)
+            await self._found.aclose(owned)
+        elif owned is not None:
+            await owned.aclose()
 
 
 def deployment_for(
