@@ -37,6 +37,7 @@ from ..errors import WrongTypeError
 __all__ = [
     "CROSS_SLOT",
     "NODE",
+    "NO_WRITES",
     "RENEWALS",
     "Script",
     "load_scripts",
@@ -48,7 +49,7 @@ __all__ = [
 
 def _runner_tags(name: str) -> frozenset[str]:
     """What a script's header tells the runner: its ``--@runner`` line's words
-    (``renewal``, ``cross-slot``). The runner names no primitive: a script
+    (``renewal``, ``cross-slot``, ``no-writes``). The runner names no primitive: a script
     declares what it needs."""
     text = resources.files("aiolock").joinpath("scripts", f"{name}.lua").read_text("utf-8")
     for line in text.splitlines():
@@ -173,6 +174,9 @@ RENEWALS = _tagged("renewal")
 #: slot (else CROSSSLOT, flag or not). So a call that spans slots declares one
 #: key and passes the others in ARGV (the renewals' node form).
 CROSS_SLOT = RENEWALS | _tagged("cross-slot")
+#: Scripts that only read (``--@runner no-writes``): as Redis Functions
+#: (functions.py) they are flagged ``no-writes``; their EVAL text is unchanged.
+NO_WRITES = _tagged("no-writes")
 
 
 def load_scripts(*names: str, cluster: bool = False) -> dict[str, Script]:
