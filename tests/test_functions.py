@@ -96,10 +96,12 @@ async def test_every_primitive_runs_as_functions(server: RedisServer) -> None:
             low = server.execute("PTTL", "aiolock:{w}")
             await eventually(lambda: server.execute("PTTL", "aiolock:{w}") > low, what="a renewal")
             assert not held.lost
-        async with one.fair_lock("f"):
+        async with one.fair_lock("f") as fair:
+            assert await one.fair_lock("f").is_owned() and not fair.lost
             assert await two.fair_lock("f").try_acquire() is None
         rw = one.rw_lock("rw")
-        async with rw.read:
+        async with rw.read:  # (is_owned, is_locked: the no-writes functions)
+            assert await rw.read.is_owned() and await two.rw_lock("rw").read.is_locked()
             assert await two.rw_lock("rw").write.try_acquire() is None
             shared = await two.rw_lock("rw").read.try_acquire()
             assert shared is not None
@@ -156,6 +158,23 @@ async def test_reload_after_flush_and_restart(fresh_server: ServerProcess) -> No
             pass
         assert libraries(fresh_server) == {ours()}
         assert not_found(fresh_server) == 1  # (the restart reset the counts)
+        # An acquire cancelled after each number of loop turns while the
+        # library is missing (FCALL refused, then loaded and sent again):
+        # nothing is left, and the next acquire works.
+        for turns in range(6):
+            fresh_server.execute("FUNCTION", "FLUSH")
+            task = asyncio.create_task(lock.acquire())
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await (await task).release()
+            await assert_clean(client)
+            await eventually(
+                lambda: fresh_server.execute("EXISTS", "aiolock:{r}") == 0, what="undone"
+            )
+            async with lock:
+                pass
         await assert_clean(client)
 
 
@@ -210,7 +229,9 @@ async def test_a_server_without_functions(tmp_path: Any) -> None:
         async with Client.from_url(old.url, scripting="functions") as client:
             with pytest.raises(UnsupportedServerError) as info:
                 await client.lock("a").acquire(timeout=30)
-            assert "Functions" in str(info.value) and "scripting='eval'" in str(info.value)
+            message = str(info.value)
+            assert "Functions" in message and "scripting='eval'" in message, message
+            assert f"127.0.0.1:{old.port}" in message, message
             assert info.value.__cause__ is not None
             assert old.execute("DBSIZE") == 0
         async with Client.from_url(old.url) as client:  # auto: EVALSHA, as ever

@@ -154,7 +154,7 @@ class Program:
     def loaded(self, reply: Any, error: BaseException | None) -> None:
         self.failure = error if isinstance(error, ServerRefusedError) else None
 
-    def lost(self, error: BaseException) -> BaseException:
+    def lost(self, error: BaseException, where: str = "the server") -> BaseException:
         """The caller's error after a second NOSCRIPT in a row: why its load
         was refused, if it was (the real cause: a copy of its own, redis-py's
         exception its cause), else that NOSCRIPT."""
@@ -224,15 +224,15 @@ class Function:
         """The command that calls this function on ``keys`` and ``args``."""
         return (*self.head, len(keys), *keys, *args)
 
-    def lost(self, error: BaseException) -> BaseException:
+    def lost(self, error: BaseException, where: str = "the server") -> BaseException:
         """The caller's error after "Function not found" twice in a row: why
-        the library's load was refused, if it was."""
+        the library's load was refused, if it was (``where``: the server)."""
         failure = self.library.failure
         if failure is None:
             return error
         said = clause(_text(failure))
         if _UNKNOWN.search(said):
-            return _caused(_no_functions(said), failure)
+            return _caused(_no_functions(said, where), failure)
         if isinstance(failure, ServerRefusedError) and failure.code == "NOPERM":
             return _caused(
                 ServerRefusedError(
@@ -253,9 +253,16 @@ class Function:
         return f"<Function {self.head[1].decode()}>"
 
 
-def _no_functions(said: str) -> UnsupportedServerError:
+def _where(lane: Lane | None) -> str:
+    """The server behind ``lane`` for a message: its address if it has one
+    connection (a cluster's lane picks a node per key)."""
+    address = getattr(getattr(lane, "dialer", None), "address", None)
+    return f"the server at {address}" if address and address != "?" else "the server"
+
+
+def _no_functions(said: str, where: str) -> UnsupportedServerError:
     return UnsupportedServerError(
-        f"the server does not support Redis Functions (it answered {said!r}): they need "
+        f"{where} does not support Redis Functions (it answered {said!r}): they need "
         "Redis 7.0+ or Valkey 7.2+. scripting='functions' (or scripting='auto' with "
         "EVAL and EVALSHA forbidden by the ACL) cannot run there: upgrade the server, or "
         "allow EVALSHA and SCRIPT LOAD to this user and use scripting='eval'. "
@@ -263,7 +270,7 @@ def _no_functions(said: str) -> UnsupportedServerError:
     )
 
 
-def _function_error(error: BaseException, auto: bool) -> BaseException:
+def _function_error(error: BaseException, auto: bool, where: str) -> BaseException:
     """A Function's failure as the caller sees it: an old server's "unknown
     command" is UnsupportedServerError; an ACL refusal of FCALL says which
     commands are forbidden."""
@@ -271,7 +278,7 @@ def _function_error(error: BaseException, auto: bool) -> BaseException:
     if not isinstance(error, ServerRefusedError):
         return error
     if _UNKNOWN.search(said) and ("fcall" in said.lower() or "function" in said.lower()):
-        return _caused(_no_functions(said), error)
+        return _caused(_no_functions(said, where), error)
     if error.code == "NOPERM" and "'fcall'" in said.lower():
         forbidden = "EVALSHA and FCALL are" if auto else "FCALL is"
         return _caused(
@@ -322,7 +329,7 @@ class _Resend:
 
     def __call__(self, reply: Any, error: BaseException | None) -> None:
         if error is not None:
-            step = self.runner.next_try(self.program, error, self.reloaded)
+            step = self.runner.next_try(self.program, error, self.reloaded, self.lane)
             if isinstance(step, BaseException):
                 error = step
             elif self.gone is None or not self.gone():
@@ -398,7 +405,7 @@ class ScriptRunner:
         self.use(load_scripts(cluster=True))
 
     def next_try(
-        self, program: Runnable, error: BaseException, reloaded: bool
+        self, program: Runnable, error: BaseException, reloaded: bool, lane: Lane | None = None
     ) -> tuple[Runnable, bool] | BaseException:
         """After ``program`` failed with ``error``: what to send next (the
         program, and whether to load it again first), or the caller's error.
@@ -412,7 +419,7 @@ class ScriptRunner:
         if missing(error):
             if not reloaded:
                 return program, True
-            error = program.lost(error)
+            error = program.lost(error, _where(lane))
         if not program.function:
             if self.auto and _eval_forbidden(error):
                 if not self.functions:
@@ -424,7 +431,7 @@ class ScriptRunner:
                     self.use(self._scripts)
                 return self.programs[program.name], False
             return error
-        return _function_error(error, self.auto)
+        return _function_error(error, self.auto, _where(lane))
 
     # -- running -------------------------------------------------------------------------------
 
@@ -502,7 +509,7 @@ class ScriptRunner:
                     *program.command(keys, args), orphan=orphan, script=script, reload=reload
                 )
             except ServerRefusedError as exc:
-                step = self.next_try(program, exc, reload)
+                step = self.next_try(program, exc, reload, lane)
                 if isinstance(step, BaseException):
                     if step is exc:
                         raise
@@ -538,7 +545,7 @@ class ScriptRunner:
                     await asyncio.wait(undoing, timeout=self._command_timeout)
                 raise exc.error from exc.error.__cause__
             except ServerRefusedError as exc:
-                step = self.next_try(program, exc, reload)
+                step = self.next_try(program, exc, reload, lane)
                 if isinstance(step, BaseException):
                     if step is exc:
                         raise
