@@ -39,6 +39,7 @@ from aiolock._core.protocol.functions import library_text
 from aiolock._core.protocol.scripts import load_scripts
 from tests.cluster_servers import ClusterProcess
 from tests.core_util import assert_clean, evalsha_calls, eventually
+from tests.replication_servers import ReplicatedPair
 from tests.servers import RedisServer, ServerProcess
 
 
@@ -124,6 +125,22 @@ async def test_every_primitive_runs_as_functions(server: RedisServer) -> None:
     assert evalsha_calls(server) == evals, "no EVALSHA in functions mode"
     assert libraries(server) == {ours()}
     assert not_found(server) == 1, "loaded once, by the first call that found it missing"
+
+
+async def test_acknowledged_lane_and_the_replica(replicated_pair: ReplicatedPair) -> None:
+    """``replicas=1``: the acquisitions' FCALLs are acknowledged; the library
+    loaded on the master reaches the replica (a promoted one has it)."""
+    master = replicated_pair.master
+    master.execute("FUNCTION", "FLUSH")
+    async with Client.from_url(
+        master.url, scripting="functions", replicas=1, replica_timeout=5.0
+    ) as client:
+        async with client.lock("a") as lease:
+            assert lease.fencing_token > 0
+        await assert_clean(client)
+    await eventually(
+        lambda: libraries(replicated_pair.replica) == {ours()}, what="the library replicated"
+    )
 
 
 async def test_two_versions_side_by_side(

@@ -461,9 +461,8 @@ class ScriptRunner:
         program = self.programs[name]
         lane = self._route(keys[0])
         fut, done = reply_future(orphan)
-        self.send_on(
-            lane, program, keys, args, _Resend(self, lane, program, keys, args, done, fut.cancelled)
-        )
+        resend = _Resend(self, lane, program, keys, args, done, fut.cancelled)
+        lane.send(*program.command(keys, args), callback=resend, script=program.first)
         return fut
 
     def send(
@@ -474,9 +473,8 @@ class ScriptRunner:
         must not raise."""
         program = self.programs[name]
         lane = self._route(keys[0])
-        self.send_on(
-            lane, program, keys, args, _Resend(self, lane, program, keys, args, callback, None)
-        )
+        resend = _Resend(self, lane, program, keys, args, callback, None)
+        lane.send(*program.command(keys, args), callback=resend, script=program.first)
 
     async def eval(
         self,
