@@ -29,7 +29,10 @@ Cancellation: nothing here stands between a command on the wire and its
 reply's handler but the lanes' own cancellation-safe ``call`` (connection.py):
 a caller cancelled while its first try is in flight leaves its ``orphan`` to
 handle the reply; a caller cancelled after the reply said NOSCRIPT is not
-sent again (the script did not run: its orphan is told so).
+sent again (the script did not run: its orphan is told so). The same holds
+for every further try (``next_try``): a library missing, EVALSHA refused in
+``auto`` mode; each is sent only when the previous one did not run, with the
+same ``orphan``, so a cancellation at any of them leaves what one try left.
 
 Scripting (the Client's ``scripting`` option):
 
