@@ -195,6 +195,28 @@ async def test_reload_after_flush_and_restart(fresh_server: ServerProcess) -> No
         await assert_clean(client)
 
 
+async def test_out_of_memory_as_with_eval(fresh_server: ServerProcess) -> None:
+    """Under maxmemory (noeviction) an acquire is refused (OOM, nothing
+    taken), and a release and a renewal still run (``allow-oom``), as their
+    EVAL forms do: a hold is never stranded by a full server."""
+    async with Client.from_url(fresh_server.url, scripting="functions") as client:
+        lease = await client.lock("held").acquire()
+        fresh_server.execute("CONFIG", "SET", "maxmemory-policy", "noeviction")
+        fresh_server.execute("CONFIG", "SET", "maxmemory", "1")
+        try:
+            with pytest.raises(ServerRefusedError) as info:
+                await client.lock("new").acquire(timeout=30)
+            assert info.value.code == "OOM"
+            assert fresh_server.execute("EXISTS", "aiolock:{new}") == 0
+            await lease.extend(60)  # the renewal function
+            assert fresh_server.execute("PTTL", "aiolock:{held}") > 30_000
+            await lease.release()
+            assert fresh_server.execute("EXISTS", "aiolock:{held}") == 0
+        finally:
+            fresh_server.execute("CONFIG", "SET", "maxmemory", "0")
+        await assert_clean(client)
+
+
 async def test_fcall_only_user_needs_the_operator_load(fresh_server: ServerProcess) -> None:
     fresh_server.execute(
         "ACL", "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all",

@@ -18,9 +18,10 @@ single library::
   ``allow-cross-slot-keys``) becomes the function's ``flags``; a script whose
   header says ``--@runner no-writes`` (it only reads) is flagged
   ``no-writes``, so it runs while the server is out of memory, as its EVAL
-  form does. Every other function is a writing one: Redis refuses it as a
-  whole under OOM (an EVAL script is refused at its first write that adds
-  memory).
+  form does; one that frees or keeps a hold (a release, a renewal: ``--@runner
+  allow-oom``) is flagged ``allow-oom``, for the same reason. Every other
+  function is refused as a whole under OOM (an EVAL script is refused at its
+  first write that adds memory, before it wrote anything).
 * **Globals.** A function may create no global, as an EVAL script may not
   either; ``KEYS`` and ``ARGV`` are the callback's parameters.
 
@@ -35,7 +36,7 @@ import hashlib
 import re
 from importlib import metadata
 
-from .scripts import NO_WRITES, NODE, Script
+from .scripts import ALLOW_OOM, NO_WRITES, NODE, Script
 
 __all__ = ["VERSION", "LibraryText", "function_name", "library_text"]
 
@@ -82,8 +83,10 @@ def _split(script: Script) -> tuple[list[str], str]:
         if found is not None:
             flags = [f for f in found["flags"].split(",") if f]
         body = body[shebang.end() :]
-    if script.name.split("@", 1)[0] in NO_WRITES and "no-writes" not in flags:
-        flags.append("no-writes")
+    base = script.name.split("@", 1)[0]
+    for tag, tagged in (("no-writes", NO_WRITES), ("allow-oom", ALLOW_OOM)):
+        if base in tagged and tag not in flags:
+            flags.append(tag)
     return flags, body
 
 
