@@ -25,6 +25,7 @@ import io
 from typing import Any
 
 import pytest
+import redis.asyncio
 
 import aiolock.cli
 from aiolock import (
@@ -283,6 +284,10 @@ def test_bad_scripting_is_refused_before_any_io() -> None:
         Client.from_url("redis://127.0.0.1:1", scripting="lua")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentTypeError, match="scripting"):
         Client.from_url("redis://127.0.0.1:1", scripting=1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="scripting"):
+        Client.from_sentinel([("127.0.0.1", 1)], "svc", scripting="EVAL")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="scripting"):
+        Client(redis.asyncio.Redis(port=1), scripting="")  # type: ignore[arg-type]
 
 
 async def test_cluster(cluster: ClusterProcess) -> None:
