@@ -41,7 +41,7 @@ from ..outage import Outage
 from ..transport.connection import CommandConnection
 from ..transport.redis_compat import ConnectionFactory
 from ..validate import check_seconds
-from .listener import Channel, Subscriber
+from .channel import Channel, Subscriber
 
 __all__ = ["Backoff", "ListWaiter", "PollWaiter", "PubSubWaiter", "SignalHub", "Waiter"]
 
