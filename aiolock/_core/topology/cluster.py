@@ -193,13 +193,9 @@ class Topology:
         changed = slots != self._slots
         self._slots = slots
         self.refreshes += 1
-        run = self.outage.ended()
-        if run is not None:
-            log.info(
-                "read the cluster's slot map again after %.1f s; %d refreshes failed meanwhile",
-                run.seconds,
-                run.failures,
-            )
+        self.outage.ended_logged(
+            log, "read the cluster's slot map again after %.1f s; %d refreshes failed meanwhile"
+        )
         if changed:
             if self.on_change is not None:
                 self.on_change()

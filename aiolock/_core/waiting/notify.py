@@ -250,13 +250,9 @@ class SignalHub:
                         dialer = conn.dialer
                     continue
                 dialer.proven()
-                run = self._refused.ended()
-                if run is not None:
-                    log.info(
-                        "BLPOP answered again after %.1f s; it failed %d times",
-                        run.seconds,
-                        run.failures,
-                    )
+                self._refused.ended_logged(
+                    log, "BLPOP answered again after %.1f s; it failed %d times"
+                )
                 if reply:
                     channel.wake(reply[1])
         finally:
