@@ -298,12 +298,24 @@ async def test_cluster(cluster: ClusterProcess) -> None:
     assert code == 0 and out.splitlines()[0] == ours(cluster=True), out
     assert out.count(": loaded") == len(masters), out
     before = [not_found(node) for node in masters]
-    async with Client.from_url(cluster.url, scripting="functions") as client:
+    async with Client.from_url(cluster.url, scripting="functions", lease=3.0) as client:
         for i in range(8):  # names on several masters
             async with client.lock(f"c{i}") as lease:
                 assert lease.fencing_token > 0
         async with client.multi_lock(client.lock("c1"), client.lock("c2")):
             pass
+        # Held across renewals: the watchdog's batches of many slots per
+        # master run as the renewal's node-form function.
+        leases = [await client.lock(f"c{i}").acquire() for i in range(8)]
+        key = "aiolock:{c0}"
+        node = cluster.master_for_key(key)
+        start = node.execute("PTTL", key)
+        await eventually(lambda: node.execute("PTTL", key) < start - 200, what="decay")
+        low = node.execute("PTTL", key)
+        await eventually(lambda: node.execute("PTTL", key) > low, what="a renewal")
+        for lease in leases:
+            assert not lease.lost
+            await lease.release()
         await assert_clean(client)
     assert [not_found(node) for node in masters] == before
     for node in masters:
