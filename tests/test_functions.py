@@ -277,6 +277,18 @@ async def test_a_server_without_functions(tmp_path: Any) -> None:
         async with Client.from_url(old.url) as client:  # auto: EVALSHA, as ever
             async with client.lock("a"):
                 pass
+        # auto, EVAL forbidden by the ACL, and no Functions to fall back on.
+        old.execute(
+            "ACL", "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all",
+            "-eval", "-evalsha", "-script",
+        )  # fmt: skip
+        url = old.url.replace("redis://", "redis://limited:pw@")
+        keys = old.execute("DBSIZE")  # (the fence counter of the lock above)
+        async with Client.from_url(url) as client:
+            with pytest.raises(UnsupportedServerError) as info:
+                await client.lock("a").acquire(timeout=30)
+            assert "Functions" in str(info.value), info.value
+            assert old.execute("DBSIZE") == keys
 
 
 def test_bad_scripting_is_refused_before_any_io() -> None:
