@@ -302,6 +302,13 @@ def test_bad_scripting_is_refused_before_any_io() -> None:
         Client(redis.asyncio.Redis(port=1), scripting="")  # type: ignore[arg-type]
 
 
+def test_cli_unreachable_server(capsys: pytest.CaptureFixture[str]) -> None:
+    assert aiolock.cli.main(["functions", "load", "--url", "redis://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("aiolock functions load: ") and err.count("\n") == 1, err
+    assert aiolock.cli.main(["functions"]) == 2
+
+
 async def test_cluster(cluster: ClusterProcess) -> None:
     masters = cluster.masters()
     for node in masters:
