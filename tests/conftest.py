@@ -184,7 +184,7 @@ def _require_matrix_binary(name: str) -> str:
     return binary
 
 
-def _kind_and_binary(name: str) -> tuple[ServerKind, str]:
+def kind_and_binary(name: str) -> tuple[ServerKind, str]:
     """A backend name (redis, valkey, or a ``MATRIX_BACKENDS`` one) as the
     server kind and its binary."""
     kind: ServerKind = "valkey" if name.startswith("valkey") else "redis"
@@ -200,7 +200,7 @@ def _start_server(name: str) -> RedisServer:
     kind: ServerKind = "valkey" if name == "valkey" else "redis"
     if mode == "docker":
         return ContainerServer(kind)
-    server = ServerProcess(*_kind_and_binary(name))
+    server = ServerProcess(*kind_and_binary(name))
     server.start()
     return server
 
@@ -260,7 +260,7 @@ def fresh_server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
 # --------------------------------------------------------------------------- clusters
 
 
-def _require_cluster_mode() -> None:
+def require_cluster_mode() -> None:
     """Skip: a cluster is local processes only (no external/docker cluster support)."""
     mode = _mode()
     if mode == "external":
@@ -270,11 +270,11 @@ def _require_cluster_mode() -> None:
 
 
 def _start_cluster(name: str) -> ClusterProcess:
-    _require_cluster_mode()
+    require_cluster_mode()
     # The shared cluster is never faulted on purpose: a node timeout of 5 s
     # (not the fault tests' 1 s) keeps a CPU-starved CI machine from
     # failing a master over under a test's feet.
-    cluster = ClusterProcess(*_kind_and_binary(name), node_timeout_ms=5000)
+    cluster = ClusterProcess(*kind_and_binary(name), node_timeout_ms=5000)
     cluster.start()
     return cluster
 
@@ -313,7 +313,7 @@ def cluster_url(cluster: ClusterProcess) -> str:
 def fresh_cluster(request: pytest.FixtureRequest) -> Iterator[ClusterProcess]:
     """A private cluster for this test only (about 2 s to form): kill, fail over,
     migrate at will.  Skipped unless the servers are local processes."""
-    _require_cluster_mode()
+    require_cluster_mode()
     kind: ServerKind = request.param
     with ClusterProcess(kind, _require_binary(kind)) as cluster:
         yield cluster
@@ -557,7 +557,7 @@ def replicated_pair(_replicated_pairs: ReplicatedPair) -> ReplicatedPair:
 def _start_sentinel_set(kind: ServerKind) -> Any:
     from tests.sentinel_servers import SentinelSet
 
-    _require_cluster_mode()  # local processes only, as a cluster
+    require_cluster_mode()  # local processes only, as a cluster
     sentinel_set = SentinelSet(kind, _require_binary(kind))
     sentinel_set.start()
     return sentinel_set
