@@ -39,6 +39,7 @@ from aiolock._core.protocol import functions
 from aiolock._core.protocol.functions import library_text
 from aiolock._core.protocol.scripts import load_scripts
 from tests.cluster_servers import ClusterProcess
+from tests.conftest import kind_and_binary
 from tests.core_util import assert_clean, evalsha_calls, eventually
 from tests.replication_servers import ReplicatedPair
 from tests.servers import RedisServer, ServerProcess
@@ -260,11 +261,17 @@ async def test_fcall_only_user_needs_the_operator_load(fresh_server: ServerProce
                 pass
 
 
-async def test_a_server_without_functions(tmp_path: Any) -> None:
-    """FCALL and FUNCTION renamed away: the server answers as Redis 6 does."""
-    old = ServerProcess(
-        "redis", extra_args=("--rename-command", "FCALL", "", "--rename-command", "FUNCTION", "")
-    )
+@pytest.mark.parametrize("backend", ["renamed", "redis-6.2"])
+async def test_a_server_without_functions(backend: str) -> None:
+    """Redis 6.2 (the matrix's), and a Redis 7 with FCALL and FUNCTION
+    renamed away (it answers as Redis 6 does)."""
+    if backend == "renamed":
+        old = ServerProcess(
+            "redis",
+            extra_args=("--rename-command", "FCALL", "", "--rename-command", "FUNCTION", ""),
+        )
+    else:
+        old = ServerProcess(*kind_and_binary(backend))
     with old:
         async with Client.from_url(old.url, scripting="functions") as client:
             with pytest.raises(UnsupportedServerError) as info:
