@@ -346,3 +346,18 @@ async def test_cluster(cluster: ClusterProcess) -> None:
     assert [not_found(node) for node in masters] == before
     for node in masters:
         assert libraries(node) == {ours(cluster=True)}
+
+
+@pytest.mark.parametrize("form", ["standalone", "cluster"])
+def test_the_library_compiles_on_lua_51_and_54(form: str) -> None:
+    """The library as ``FUNCTION LOAD`` gets it (its shebang line aside) is
+    Lua 5.1 and 5.4 (Redis and Valkey; Dragonfly and other compatible servers)."""
+    from lupa import lua51, lua54
+
+    text = library_text(load_scripts(cluster=form == "cluster")).source
+    shebang, _, body = text.partition("\n")
+    assert shebang.startswith("#!lua name=aiolock_")
+    for runtime in (lua51.LuaRuntime(), lua54.LuaRuntime()):
+        loader = runtime.eval("function(s) local f, err = loadstring and loadstring(s) or load(s) "
+                              "if f then return 'ok' end return err end")  # fmt: skip
+        assert loader(body) == "ok"
