@@ -358,6 +358,6 @@ def test_the_library_compiles_on_lua_51_and_54(form: str) -> None:
     shebang, _, body = text.partition("\n")
     assert shebang.startswith("#!lua name=aiolock_")
     for runtime in (lua51.LuaRuntime(), lua54.LuaRuntime()):
-        loader = runtime.eval("function(s) local f, err = loadstring and loadstring(s) or load(s) "
+        loader = runtime.eval("function(s) local f, err = (loadstring or load)(s) "
                               "if f then return 'ok' end return err end")  # fmt: skip
         assert loader(body) == "ok"
