@@ -204,9 +204,7 @@ class Term:
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else ("resigned" if self.resigned else "leading")
-        return (
-            f"<Term {self.name!r} token={self.fencing_token} value={self._value!r} {state}>"
-        )
+        return f"<Term {self.name!r} token={self.fencing_token} value={self._value!r} {state}>"
 
 
 _UNSET: Any = object()
@@ -324,6 +322,9 @@ class Election:
         """
         engine = self._engine
         engine.enter()
+        # The deployment settled first (a cluster listens by slot: its listener
+        # is installed then), so that the subscription is made where it lasts.
+        await engine.is_cluster()
         waiter = engine.pubsub_waiter(self._names.notices)
         try:
             last: Leader | None = _UNSET

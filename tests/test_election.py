@@ -1,0 +1,306 @@
+"""Leader election (``client.election(name)``, issue 24 item 1), on real servers.
+
+Two Clients stand for two processes. Every wait is on an event (a task's
+end, an observer's next value, a registration); the few time bounds are
+multiples of the lease of the Client whose loss is awaited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from aiolock import (
+    Client,
+    Election,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    Leader,
+    LockLostError,
+    LockNotOwnedError,
+    LockTimeoutError,
+    Term,
+)
+from aiolock.testing import seam
+from tests.core_util import assert_clean, eventually
+from tests.replication_servers import ReplicatedPair
+from tests.servers import TcpProxy
+
+#: The lease of a Client whose leader is cut off: its loss comes within it.
+LEASE = 1.0
+#: How long, at most, a loss or a succession may take on a busy machine: many
+#: leases (the hold's TTL is at most one lease when it is cut off).
+BOUND = 10 * LEASE
+
+
+class Watch:
+    """An ``observe()`` iterator run in a task: ``await next()`` is its next value."""
+
+    def __init__(self, election: Election) -> None:
+        self.queue: asyncio.Queue[Leader | None] = asyncio.Queue()
+        self.task = asyncio.create_task(self._run(election.observe()))
+
+    async def _run(self, values: AsyncIterator[Leader | None]) -> None:
+        async for value in values:
+            self.queue.put_nowait(value)
+
+    async def next(self, timeout: float = BOUND) -> Leader | None:
+        async with asyncio.timeout(timeout):
+            return await self.queue.get()
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+async def test_campaign_leader_proclaim_resign(client: Client, other_client: Client) -> None:
+    """A term: its value and token as leader() and observe() see them; proclaim
+    changes the value (a duplicate is not yielded again); resign makes it None;
+    every term gets a greater token; resign is idempotent."""
+    election, seen = client.election("basics"), other_client.election("basics")
+    watch = Watch(seen)
+    try:
+        assert await watch.next() is None
+        term = await election.campaign("a")
+        assert isinstance(term, Term) and term.value == "a" and not term.lost
+        assert await seen.leader() == Leader("a", term.fencing_token)
+        assert await watch.next() == Leader("a", term.fencing_token)
+        await term.proclaim("b")
+        await term.proclaim("b")  # no change: not yielded twice
+        assert term.value == "b"
+        assert await seen.leader() == Leader("b", term.fencing_token)
+        assert await watch.next() == Leader("b", term.fencing_token)
+        await term.resign()
+        await term.resign()
+        assert await watch.next() is None  # (not a second Leader("b", ...))
+        assert await seen.leader() is None
+        with pytest.raises(LockNotOwnedError):
+            await term.proclaim("c")
+
+        tokens = [term.fencing_token]
+        async with seen.leadership("c") as other:
+            assert await watch.next() == Leader("c", other.fencing_token)
+            tokens.append(other.fencing_token)
+        assert await watch.next() is None
+        again = await election.campaign()
+        tokens.append(again.fencing_token)
+        assert await election.leader() == Leader("", again.fencing_token)
+        await again.resign()
+        assert tokens == sorted(tokens) and len(set(tokens)) == 3
+    finally:
+        await watch.stop()
+    await assert_clean(client, other_client)
+
+
+async def test_the_next_candidate_takes_over_on_resign(
+    client: Client, other_client: Client
+) -> None:
+    """A second candidate waits (registered, woken by the release) and leads
+    once the first resigns; a third that gives up leaves nothing behind."""
+    first = await client.election("next").campaign("one")
+    waiting = asyncio.create_task(other_client.election("next").campaign("two"))
+    await eventually(lambda: other_client.statistics().waiting == 1, what="the waiting candidate")
+    with pytest.raises(RuntimeError, match="leads it already"):
+        await client.election("next").campaign()  # a term is never re-entered
+    with pytest.raises(LockTimeoutError):  # (another task of the leader's Client)
+        await asyncio.create_task(client.election("next").campaign(timeout=0))
+    await first.resign()
+    second = await asyncio.wait_for(waiting, BOUND)
+    assert second.fencing_token > first.fencing_token
+    assert await client.election("next").leader() == Leader("two", second.fencing_token)
+    await second.resign()
+    await assert_clean(client, other_client)
+
+
+async def test_a_cancelled_campaign_leaves_nothing(
+    client: Client, other_client: Client, url: str
+) -> None:
+    """Cancelled while waiting: no waiter in Redis or in the Client. Cancelled
+    after the announcement ran but before its reply was read: the announcement
+    is withdrawn (observers see it go) and the hold released."""
+    leader = await client.election("cancel").campaign("holder")
+    waiting = asyncio.create_task(other_client.election("cancel").campaign("w"))
+    await eventually(lambda: other_client.statistics().waiting == 1, what="the waiting candidate")
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    admin = aioredis.Redis.from_url(url)
+    try:
+        await assert_clean(other_client)
+        assert await admin.zcard("aiolock:{cancel}:el:wq") == 0
+    finally:
+        await admin.aclose()
+    await leader.resign()
+
+    engine = seam.engine(other_client)
+    real_eval = engine.eval
+
+    async def cancelled_after_the_announcement(
+        name: str, keys: tuple[Any, ...], args: tuple[Any, ...], orphan: Any = None
+    ) -> Any:
+        reply = await real_eval(name, keys, args, orphan)
+        if name == "election_proclaim":
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            await asyncio.sleep(0)  # the reply is lost to the cancellation here
+        return reply
+
+    watch = Watch(client.election("cancel"))
+    try:
+        assert await watch.next() is None
+        engine.eval = cancelled_after_the_announcement
+        campaign = asyncio.create_task(other_client.election("cancel").campaign("ghost"))
+        with pytest.raises(asyncio.CancelledError):
+            await campaign
+        engine.eval = real_eval
+        announced = await watch.next()
+        assert announced is not None and announced.value == "ghost"
+        assert await watch.next() is None  # withdrawn
+        term = await client.election("cancel").campaign(timeout=BOUND)  # released
+        assert term.fencing_token > announced.fencing_token
+        await term.resign()
+    finally:
+        engine.eval = real_eval
+        await watch.stop()
+    await assert_clean(client, other_client)
+
+
+# The runs that wait for a lease to run out, and the other deployments: on one
+# backend each (the suite's time budget), alternating.
+@pytest.mark.parametrize("server", ["redis"], indirect=True)
+async def test_a_leader_cut_off_is_succeeded(proxy: TcpProxy, client: Client) -> None:
+    """A leader whose connection is cut cannot renew: its body is cancelled
+    with LockLostError, and the waiting candidate leads within the lease."""
+    async with Client.from_url(proxy.url, lease=LEASE, command_timeout=5) as cut:
+        entered = asyncio.Event()
+        first: list[Term] = []
+
+        async def lead() -> None:
+            async with cut.election("cut").leadership("a") as term:
+                first.append(term)
+                entered.set()
+                await asyncio.Event().wait()  # leads until cancelled
+
+        leading = asyncio.create_task(lead())
+        await entered.wait()
+        successor = asyncio.create_task(client.election("cut").campaign("b"))
+        await eventually(lambda: client.statistics().waiting == 1, what="the waiting candidate")
+        proxy.blackhole()
+        with pytest.raises(LockLostError):
+            await asyncio.wait_for(leading, BOUND)
+        term = await asyncio.wait_for(successor, BOUND)
+        assert first[0].lost
+        assert term.fencing_token > first[0].fencing_token
+        assert await client.election("cut").leader() == Leader("b", term.fencing_token)
+        await term.resign()
+        proxy.restore()
+
+
+@pytest.mark.parametrize("server", ["valkey"], indirect=True)
+async def test_an_observer_sees_a_dead_leader_go(proxy: TcpProxy, client: Client) -> None:
+    """A leader that dies says nothing: the observer reads again when the TTL
+    it read runs out, and yields None."""
+    async with Client.from_url(proxy.url, lease=LEASE, command_timeout=5) as cut:
+        term = await cut.election("dead").campaign("gone")
+        watch = Watch(client.election("dead"))
+        try:
+            assert await watch.next() == Leader("gone", term.fencing_token)
+            proxy.blackhole()
+            assert await watch.next() is None
+            await eventually(lambda: term.lost, what="the cut-off leader's loss", timeout=BOUND)
+        finally:
+            await watch.stop()
+        proxy.restore()
+
+
+async def test_force_release_deposes_the_leader(client: Client, other_client: Client) -> None:
+    """The kind's force release: the leader's body is cancelled with
+    LockLostError, observers see None, the next term's token is greater."""
+    entered = asyncio.Event()
+    terms: list[Term] = []
+
+    async def lead() -> None:
+        async with client.election("force").leadership("x") as term:
+            terms.append(term)
+            entered.set()
+            await asyncio.Event().wait()
+
+    leading = asyncio.create_task(lead())
+    await entered.wait()
+    watch = Watch(other_client.election("force"))
+    try:
+        assert await watch.next() == Leader("x", terms[0].fencing_token)
+        assert await other_client.election("force").force_release()
+        with pytest.raises(LockLostError):
+            await asyncio.wait_for(leading, BOUND)
+        assert await watch.next() is None
+        assert not await other_client.election("force").force_release()
+        term = await other_client.election("force").campaign()
+        assert term.fencing_token > terms[0].fencing_token
+        await term.resign()
+    finally:
+        await watch.stop()
+    await assert_clean(client, other_client)
+
+
+async def test_bad_input_is_refused_before_any_round_trip(client: Client) -> None:
+    unreachable = Client.from_url("redis://127.0.0.1:1/0")
+    with pytest.raises(InvalidArgumentError):
+        unreachable.election("")
+    with pytest.raises(InvalidArgumentTypeError):
+        unreachable.election(7)  # type: ignore[arg-type]
+    election = unreachable.election("bad")
+    with pytest.raises(InvalidArgumentTypeError):
+        await election.campaign(b"v")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        await election.campaign(timeout=-1)
+    with pytest.raises(InvalidArgumentTypeError):
+        election.leadership(None)  # type: ignore[arg-type]
+    term = await client.election("bad").campaign("ok")
+    with pytest.raises(InvalidArgumentTypeError):
+        await term.proclaim(3)  # type: ignore[arg-type]
+    assert await client.election("bad").leader() == Leader("ok", term.fencing_token)
+    await term.resign()
+
+
+@pytest.mark.parametrize("cluster", ["redis"], indirect=True)
+async def test_on_a_cluster(cluster_url: str) -> None:
+    async with Client.from_url(cluster_url) as one, Client.from_url(cluster_url) as two:
+        watch = Watch(two.election("cl"))
+        try:
+            assert await watch.next() is None
+            first = await one.election("cl").campaign("one")
+            assert await watch.next() == Leader("one", first.fencing_token)
+            waiting = asyncio.create_task(two.election("cl").campaign("two"))
+            await eventually(lambda: two.statistics().waiting == 1, what="the waiting candidate")
+            await first.resign()
+            second = await asyncio.wait_for(waiting, BOUND)
+            assert second.fencing_token > first.fencing_token
+            now = Leader("two", second.fencing_token)
+            while (seen := await watch.next()) != now:
+                assert seen is None  # (between the terms, if read then)
+            await second.resign()
+        finally:
+            await watch.stop()
+
+
+@pytest.mark.parametrize("_replicated_pairs", ["valkey"], indirect=True)
+async def test_with_an_acknowledging_replica(replicated_pair: ReplicatedPair) -> None:
+    master = replicated_pair.master.url
+    async with (
+        Client.from_url(master, replicas=1) as one,
+        Client.from_url(master, replicas=1) as two,
+    ):
+        first = await one.election("rep").campaign("one")
+        assert replicated_pair.replica.execute("EXISTS", "aiolock:{rep}:el") == 1
+        waiting = asyncio.create_task(two.election("rep").campaign("two"))
+        await first.resign()
+        second = await asyncio.wait_for(waiting, BOUND)
+        assert second.fencing_token > first.fencing_token
+        assert await one.election("rep").leader() == Leader("two", second.fencing_token)
+        await second.resign()
