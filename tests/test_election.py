@@ -57,6 +57,23 @@ class Watch:
         await asyncio.gather(self.task, return_exceptions=True)
 
 
+async def leading(election: Election, value: str) -> tuple[asyncio.Task[None], Term]:
+    """``async with election.leadership(value)`` in a task whose body leads until
+    it is cancelled: that task, and its term once it leads."""
+    got: asyncio.Future[Term] = asyncio.get_running_loop().create_future()
+
+    async def lead() -> None:
+        async with election.leadership(value) as term:
+            got.set_result(term)
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(lead())
+    await asyncio.wait({task, got}, return_when=asyncio.FIRST_COMPLETED)
+    if not got.done():
+        task.result()  # (its error)
+    return task, got.result()
+
+
 async def test_campaign_leader_proclaim_resign(client: Client, other_client: Client) -> None:
     """A term: its value and token as leader() and observe() see them; proclaim
     changes the value (a duplicate is not yielded again); resign makes it None;
@@ -177,25 +194,15 @@ async def test_a_leader_cut_off_is_succeeded(proxy: TcpProxy, client: Client) ->
     """A leader whose connection is cut cannot renew: its body is cancelled
     with LockLostError, and the waiting candidate leads within the lease."""
     async with Client.from_url(proxy.url, lease=LEASE, command_timeout=5) as cut:
-        entered = asyncio.Event()
-        first: list[Term] = []
-
-        async def lead() -> None:
-            async with cut.election("cut").leadership("a") as term:
-                first.append(term)
-                entered.set()
-                await asyncio.Event().wait()  # leads until cancelled
-
-        leading = asyncio.create_task(lead())
-        await entered.wait()
+        lead, first = await leading(cut.election("cut"), "a")
         successor = asyncio.create_task(client.election("cut").campaign("b"))
         await eventually(lambda: client.statistics().waiting == 1, what="the waiting candidate")
         proxy.blackhole()
         with pytest.raises(LockLostError):
-            await asyncio.wait_for(leading, BOUND)
+            await asyncio.wait_for(lead, BOUND)
         term = await asyncio.wait_for(successor, BOUND)
-        assert first[0].lost
-        assert term.fencing_token > first[0].fencing_token
+        assert first.lost
+        assert term.fencing_token > first.fencing_token
         assert await client.election("cut").leader() == Leader("b", term.fencing_token)
         await term.resign()
         proxy.restore()
@@ -221,27 +228,17 @@ async def test_an_observer_sees_a_dead_leader_go(proxy: TcpProxy, client: Client
 async def test_force_release_deposes_the_leader(client: Client, other_client: Client) -> None:
     """The kind's force release: the leader's body is cancelled with
     LockLostError, observers see None, the next term's token is greater."""
-    entered = asyncio.Event()
-    terms: list[Term] = []
-
-    async def lead() -> None:
-        async with client.election("force").leadership("x") as term:
-            terms.append(term)
-            entered.set()
-            await asyncio.Event().wait()
-
-    leading = asyncio.create_task(lead())
-    await entered.wait()
+    lead, first = await leading(client.election("force"), "x")
     watch = Watch(other_client.election("force"))
     try:
-        assert await watch.next() == Leader("x", terms[0].fencing_token)
+        assert await watch.next() == Leader("x", first.fencing_token)
         assert await other_client.election("force").force_release()
         with pytest.raises(LockLostError):
-            await asyncio.wait_for(leading, BOUND)
+            await asyncio.wait_for(lead, BOUND)
         assert await watch.next() is None
         assert not await other_client.election("force").force_release()
         term = await other_client.election("force").campaign()
-        assert term.fencing_token > terms[0].fencing_token
+        assert term.fencing_token > first.fencing_token
         await term.resign()
     finally:
         await watch.stop()

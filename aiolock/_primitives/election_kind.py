@@ -11,11 +11,11 @@ aiolock/_primitives/__init__.py).
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .._core.protocol import kinds
 from .._core.protocol.keys import FENCE, WAITING, LockKeys, main_key
+from . import lock_kind
 
 __all__ = ["ELECTION", "KIND", "ElectionKeys"]
 
@@ -36,61 +36,26 @@ class ElectionKeys(LockKeys):
     @classmethod
     def of(cls, prefix: str, name: str) -> ElectionKeys:
         main = main_key(prefix, name) + ELECTION
-        fence, wq, signal = main + FENCE, main + WAITING, f"{main}:signal"
-        return cls(
-            main=main,
-            channel=f"{main}:ch".encode(),
-            signal=signal,
-            fence=fence,
-            wq=wq,
-            wait_prefix=f"{main}:w:",
-            acquire=(main, fence, wq, signal),
-            free=(main, fence, signal, wq),
-            multi=(main, fence, wq, signal),
-            notices=f"{main}:obs".encode(),
-        )
+        return cls.rooted(main, notices=f"{main}:obs".encode())
 
 
-# Member formats (the lock's, scripts/acquire.lua, plus election_proclaim.lua):
-# a holder is a field ``<client id>:<task serial>`` of the hash; ``~v`` is the
-# value the leader announced and ``~t`` its term's fencing token (absent until
-# the holder announced: a candidate that won the lock but has not announced
-# yet is no leader to observers); a waiter is a member of the waiting set.
-_OWNER = re.compile(r"^([0-9a-f]+):(\d+)$")
-_WAKE_MEMBER = re.compile(r"^(([0-9a-f]+):(\d+))\|\d+\|(\d+)$")
+# Member formats: the lock's (lock_kind.py, scripts/acquire.lua) under the
+# election's root, plus in the hash ``~v``, the value the leader announced, and
+# ``~t``, its term's fencing token (absent until the holder announced: a
+# candidate that won the lock but has not announced yet is no leader to
+# observers). So the lock's reader reads it, its keys taken from under the root.
 
 
 def _read(raw: kinds.RawName, main: kinds.RawKey | None) -> kinds.Description | None:
     if main is None:
         return None
-    fields: dict[str, str] = main.value
-    ttl = kinds.ttl(main.pttl)
-    token = kinds.to_int(fields.get("~t")) or kinds.to_int(fields.get("~fence"))
-    holders = []
-    for f in fields:
-        m = _OWNER.match(f)
-        if m:
-            holders.append(kinds.Holder(f, m[1], int(m[2]), "exclusive", ttl, token))
-    waiters = []
-    wq = raw.get(ELECTION + WAITING, "zset")
-    for member, score in wq.value if wq else ():
-        m = _WAKE_MEMBER.match(member)
-        if m and score > raw.now_ms:
-            lapse = kinds.left(score, raw.now_ms)
-            waiters.append(kinds.Waiter(m[2], "task", lapse, int(m[3]), m[1]))
-    last, released = kinds.fence_of(raw, ELECTION + FENCE)
-    details = {"value": fields["~v"]} if "~v" in fields else {}
-    return kinds.Description(
-        KIND,
-        raw.name,
-        main.key,
-        ttl,
-        tuple(holders),
-        tuple(waiters),
-        last_token=last,
-        last_released=released,
-        details=details,
-    )
+    n = len(ELECTION)
+    rerooted = {suffix[n:]: key for suffix, key in raw.keys.items() if suffix.startswith(ELECTION)}
+    found = lock_kind.KIND.read(replace(raw, keys=rerooted), main)
+    if found is None:
+        return None
+    value = main.value.get("~v")
+    return replace(found, spec=KIND, details={} if value is None else {"value": value})
 
 
 KIND = kinds.KindSpec(
