@@ -133,6 +133,39 @@ async def test_the_next_candidate_takes_over_on_resign(
     await assert_clean(client, other_client)
 
 
+async def test_candidates_of_one_client_and_a_cancelled_resign(
+    client: Client, other_client: Client
+) -> None:
+    """Two candidates of one Client: the lock passes between them (maybe with
+    no round trip, on a reserved token), and each term announces its own
+    greater token. A resign whose caller is cancelled still completes."""
+    election = client.election("local")
+    first = await election.campaign("one")
+    waiting = asyncio.create_task(election.campaign("two"))
+    await eventually(lambda: client.statistics().waiting == 1, what="the local candidate")
+    await first.resign()
+    second = await asyncio.wait_for(waiting, BOUND)
+    assert second.fencing_token > first.fencing_token
+    assert await other_client.election("local").leader() == Leader("two", second.fencing_token)
+
+    watch = Watch(other_client.election("local"))
+    try:
+        assert await watch.next() == Leader("two", second.fencing_token)
+        resigning = asyncio.create_task(second.resign())
+        await asyncio.sleep(0)  # (one loop turn: the task starts the step down)
+        assert second.resigned
+        resigning.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await resigning
+        assert await watch.next() is None
+        await second.resign()  # (waits for the first, idempotent)
+        third = await other_client.election("local").campaign(timeout=0)
+        await third.resign()
+    finally:
+        await watch.stop()
+    await assert_clean(client, other_client)
+
+
 async def test_a_cancelled_campaign_leaves_nothing(
     client: Client, other_client: Client, url: str
 ) -> None:
