@@ -166,6 +166,20 @@ async def test_candidates_of_one_client_and_a_cancelled_resign(
     await assert_clean(client, other_client)
 
 
+async def test_a_leader_whose_client_closes_is_seen_to_go(client: Client, make_client: Any) -> None:
+    """A Client closed while it leads releases the term and its observers are
+    told at once (not at the end of the term's 30 s TTL: BOUND is shorter)."""
+    closing = await make_client()
+    term = await closing.election("closing").campaign("bye")
+    watch = Watch(client.election("closing"))
+    try:
+        assert await watch.next() == Leader("bye", term.fencing_token)
+        await closing.aclose()
+        assert await watch.next() is None
+    finally:
+        await watch.stop()
+
+
 async def test_a_cancelled_campaign_leaves_nothing(
     client: Client, other_client: Client, url: str
 ) -> None:

@@ -106,6 +106,23 @@ class Term:
         self._hold = hold
         self._value = value
         self._resigning: asyncio.Task[None] | None = None
+        lease.on_lost(self._lost)
+
+    def _lost(self, lease: Lease) -> None:
+        # Lost, or its Client is closing (which releases it right after, in the
+        # same loop turn): tell the observers once the release is on the wire.
+        asyncio.get_running_loop().call_soon(self._tell_lost)
+
+    def _tell_lost(self) -> None:
+        election = self._election
+        names = election._names
+        try:
+            told = election._engine.submit_script(
+                "election_notify", (names.main,), (names.notices,)
+            )
+        except AiolockError:
+            return  # (closed: its observers read again at the TTL they read)
+        told.add_done_callback(retrieve)
 
     @property
     def name(self) -> str:
@@ -314,7 +331,10 @@ class Election:
 
         Woken by pub/sub (the election's notices channel, subscribed before
         the first read, whatever the Client's notify mode), never by
-        polling. A leader that dies sends no message: its hold expires. So
+        polling: an announcement, a proclaim, a resign, a force release, a
+        term lost or released by its Client's ``aclose()`` publishes a
+        notice. A leader that dies (or is cut off) sends none: its hold
+        expires. So
         each wait is bounded by the TTL of the hold it read (derived from the
         lease, not a polling interval): at that time it reads again. A change
         made while the consumer is busy is seen at its next iteration (the
