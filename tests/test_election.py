@@ -27,7 +27,7 @@ from aiolock import (
 )
 from aiolock.testing import seam
 from tests.core_util import assert_clean, eventually
-from tests.replication_servers import ReplicatedPair
+from tests.sentinel_servers import SERVICE, SentinelSet
 from tests.servers import TcpProxy
 
 #: The lease of a Client whose leader is cut off: its loss comes within it.
@@ -333,16 +333,20 @@ async def test_on_a_cluster(cluster_url: str) -> None:
             await watch.stop()
 
 
-@pytest.mark.parametrize("_replicated_pairs", ["valkey"], indirect=True)
-async def test_with_an_acknowledging_replica(replicated_pair: ReplicatedPair) -> None:
-    master = replicated_pair.master.url
+@pytest.mark.parametrize("_shared_sentinel_set", ["valkey"], indirect=True)
+async def test_under_sentinel_with_an_acknowledging_replica(sentinel_set: SentinelSet) -> None:
+    """Under Sentinel with ``replicas=1``: a term is on a replica when campaign()
+    returns; the next candidate takes over on resign."""
+    sentinels = sentinel_set.sentinel_addresses
     async with (
-        Client.from_url(master, replicas=1) as one,
-        Client.from_url(master, replicas=1) as two,
+        Client.from_sentinel(sentinels, SERVICE, replicas=1) as one,
+        Client.from_sentinel(sentinels, SERVICE, replicas=1) as two,
     ):
         first = await one.election("rep").campaign("one")
-        assert replicated_pair.replica.execute("EXISTS", "aiolock:{rep}:el") == 1
+        key = "aiolock:{rep}:el"
+        assert any(r.execute("EXISTS", key) == 1 for r in sentinel_set.replicas)
         waiting = asyncio.create_task(two.election("rep").campaign("two"))
+        await eventually(lambda: two.statistics().waiting == 1, what="the waiting candidate")
         await first.resign()
         second = await asyncio.wait_for(waiting, BOUND)
         assert second.fencing_token > first.fencing_token
