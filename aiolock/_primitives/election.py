@@ -28,9 +28,10 @@ from .._core.errors import (
 )
 from .._core.futures import retrieve
 from .._core.holds.lease import Hold, Lease
+from .._core.options import LockStatistics
 from .._core.protocol.keys import LockKeys
 from .._core.validate import check_timeout
-from .base import Entry, LockLike
+from .base import Entry, LockLike, describe
 from .election_kind import ElectionKeys
 from .lock import AsyncLock
 
@@ -374,8 +375,14 @@ class Election:
             await asyncio.shield(told)
         return deleted
 
+    def statistics(self) -> LockStatistics:
+        """This Client's view of the election's lock: its leader here (``locked``,
+        the token, the lease left) and how many of its tasks campaign. Local, no
+        round trip (``await leader()`` asks the server)."""
+        return self._lock.statistics()
+
     def __repr__(self) -> str:
-        return f"<Election {self.name!r}>"
+        return f"<Election {describe(self.statistics(), self._engine.loop)}>"
 
 
 class Leadership(LockLike[Term]):
