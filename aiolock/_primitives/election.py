@@ -202,17 +202,21 @@ class Term:
 
     async def _step_down(self) -> None:
         election, hold = self._election, self._hold
+        withdrawn: asyncio.Future[Any] | None = None
+        if not hold.lost:
+            # The withdrawal, then the release, written at once on the one
+            # connection of the election's key: run in that order, one round trip.
+            names = election._names
+            withdrawn = election._engine.submit_script(
+                "election_resign", (names.main,), (*hold.renew_args[:2], names.notices)
+            )
+            withdrawn.add_done_callback(retrieve)
         try:
-            if not hold.lost:
-                names = election._names
-                await election._engine.eval(
-                    "election_resign", (names.main,), (*hold.renew_args[:2], names.notices)
-                )
-        finally:
-            try:
-                await self._lease.release()
-            except LockNotOwnedError:
-                pass  # lost meanwhile: nothing to release
+            await self._lease.release()
+        except LockNotOwnedError:
+            pass  # lost meanwhile: nothing to release
+        if withdrawn is not None:
+            await withdrawn
 
     def _watch(self, context: Entry) -> None:
         self._lease._watch(context)
