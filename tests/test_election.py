@@ -180,6 +180,28 @@ async def test_a_leader_whose_client_closes_is_seen_to_go(client: Client, make_c
         await watch.stop()
 
 
+@pytest.mark.parametrize("server", ["redis"], indirect=True)
+@pytest.mark.parametrize("mode", ["list", "poll"])
+async def test_other_notify_modes(make_client: Any, mode: str) -> None:
+    """Candidates wait by the Client's notify mode; observe() listens on
+    pub/sub whatever the mode."""
+    one, two = await make_client(notify=mode), await make_client(notify=mode)
+    watch = Watch(two.election("modes"))
+    try:
+        assert await watch.next() is None
+        first = await one.election("modes").campaign("one")
+        assert await watch.next() == Leader("one", first.fencing_token)
+        waiting = asyncio.create_task(two.election("modes").campaign("two"))
+        await first.resign()
+        second = await asyncio.wait_for(waiting, BOUND)
+        while (seen := await watch.next()) != Leader("two", second.fencing_token):
+            assert seen is None
+        await second.resign()
+        assert await watch.next() is None
+    finally:
+        await watch.stop()
+
+
 async def test_a_cancelled_campaign_leaves_nothing(
     client: Client, other_client: Client, url: str
 ) -> None:
