@@ -31,9 +31,10 @@ from .._core.holds.lease import Hold, Lease
 from .._core.options import LockStatistics
 from .._core.protocol.keys import LockKeys
 from .._core.validate import check_timeout
-from .base import Entry, LockLike, describe
+from .base import Entry, LockLike
 from .election_kind import ElectionKeys
 from .lock import AsyncLock
+from .stats import describe
 
 if TYPE_CHECKING:
     from .._core.observe.observer import Observer
