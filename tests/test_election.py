@@ -202,6 +202,34 @@ async def test_other_notify_modes(make_client: Any, mode: str) -> None:
         await watch.stop()
 
 
+async def test_observers_of_one_client_each_see_every_change(
+    client: Client, other_client: Client
+) -> None:
+    """Two observers in one Client: one that was busy when a change came sees
+    it at its next iteration, even though the other read the change (and
+    waited again) meanwhile: no wake-up taken from one by the other."""
+    term = await client.election("two").campaign("v1")
+    now = Leader("v1", term.fencing_token)
+    fast = Watch(other_client.election("two"))
+    slow = other_client.election("two").observe()
+    try:
+        assert await fast.next() == now
+        assert await anext(slow) == now
+        await term.proclaim("v2")
+        assert await fast.next() == Leader("v2", term.fencing_token)
+        await term.proclaim("v3")
+        assert await fast.next() == Leader("v3", term.fencing_token)
+        for _ in range(3):  # (behind the fast observer's reads on the one connection:
+            await other_client.election("two").leader()  # it has read and waited again)
+        async with asyncio.timeout(BOUND):  # (not the term's 30 s TTL)
+            assert await anext(slow) == Leader("v3", term.fencing_token)
+    finally:
+        await fast.stop()
+        await slow.aclose()
+    await term.resign()
+    await assert_clean(client, other_client)
+
+
 async def test_a_cancelled_campaign_leaves_nothing(
     client: Client, other_client: Client, url: str
 ) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._core.errors import (
     AiolockError,
+    ClientClosedError,
     InvalidArgumentTypeError,
     LockLostError,
     LockNotOwnedError,
@@ -351,20 +352,31 @@ class Election:
         # The deployment settled first (a cluster listens by slot: its listener
         # is installed then), so that the subscription is made where it lasts.
         await engine.is_cluster()
-        waiter = engine.pubsub_waiter(self._names.notices)
+        notices = self._names.notices
+        local = self._names.main + ":observers"
+        state = engine.state(local, _Notices, engine)
+        state.active += 1
+        waiter = engine.pubsub_waiter(notices)
         try:
             last: Leader | None = _UNSET
             while True:
                 await waiter.ready(None)  # subscribed before reading: no change missed
+                channel = engine.subscribed(notices)
+                if channel is not None:
+                    channel.handler = state.notice  # (every observer here is told)
+                changed = state.changed  # set by the next notice from now on
                 leader, pttl = await self._read()
                 if leader != last:
                     last = leader
                     yield leader
                 # -2: no hold (wait for a notice); else until the hold's TTL runs out.
                 bound = None if pttl < 0 else max(pttl / 1000, 0.001)
-                await waiter.wait(bound)
+                await state.wait(changed, bound)
         finally:
             waiter.close()
+            state.active -= 1
+            if not state.active:
+                engine.drop_state(local, state)
 
     # -- operators -------------------------------------------------------------------
 
@@ -388,6 +400,45 @@ class Election:
 
     def __repr__(self) -> str:
         return f"<Election {describe(self.statistics(), self._engine.loop)}>"
+
+
+class _Notices:
+    """One election's observers in one Client (``Engine.state``): the notices
+    they were told of. Each notice sets the current event and starts a new one,
+    so an observer waits on the event it took before its read, and no notice
+    is taken from one observer by another (each sees every change, latest
+    state first)."""
+
+    __slots__ = ("active", "changed", "closed")
+
+    def __init__(self, engine: EngineView) -> None:
+        self.active = 0  # observers
+        self.changed = asyncio.Event()
+        self.closed = False
+
+    def notice(self, message: bytes) -> None:
+        changed, self.changed = self.changed, asyncio.Event()
+        changed.set()
+
+    async def wait(self, changed: asyncio.Event, bound: float | None) -> None:
+        """Until a notice came since ``changed`` was taken, or ``bound`` seconds."""
+        try:
+            async with asyncio.timeout(bound):
+                await changed.wait()
+        except TimeoutError:
+            pass
+        if self.closed:
+            raise ClientClosedError("the aiolock Client was closed while observing")
+
+    def holds(self) -> list[Hold]:
+        return []
+
+    def waiting(self) -> int:
+        return 0  # (observers wait for no hold)
+
+    def close(self) -> None:
+        self.closed = True
+        self.changed.set()
 
 
 class Leadership(LockLike[Term]):
