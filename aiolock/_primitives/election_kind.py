@@ -55,7 +55,8 @@ def _read(raw: kinds.RawName, main: kinds.RawKey | None) -> kinds.Description | 
     if found is None:
         return None
     value = main.value.get("~v")
-    return replace(found, spec=KIND, details={} if value is None else {"value": value})
+    announced = "none announced yet" if value is None else repr(value)
+    return replace(found, spec=KIND, details={"value": value, "announced": announced})
 
 
 KIND = kinds.KindSpec(
@@ -71,6 +72,8 @@ KIND = kinds.KindSpec(
     renewals=("renew",),
     release=kinds.Release("election", "force_release"),
     keys=ElectionKeys.of,
+    summary="leader's value: {announced}",
+    holds_counted=False,
     not_shown="a waiting Client registers one candidate (in pub/sub notify mode); its "
     "other candidates are not in Redis",
 )
