@@ -26,6 +26,7 @@ from ._core.observe.observer import LockLabel
 from ._core.options import ClientStatistics, Notify, Scripting, check_options, check_sentinels
 from ._core.protocol.keys import main_key
 from ._core.waiting.notify import Backoff
+from ._primitives.election import Election
 from ._primitives.fair import FairLock
 from ._primitives.latch import Latch
 from ._primitives.lock import AsyncLock
@@ -346,6 +347,11 @@ class Client:
         """A distributed count-down latch."""
 
         return Latch(self._engine, name, count)
+
+    def election(self, name: str) -> Election:
+        """Leader election over a lock of its own kind (see :class:`aiolock.Election`)."""
+
+        return Election(self._engine, name)
 
     # -- options -------------------------------------------------------------------------
 
