@@ -139,6 +139,6 @@ def test_a_sample_run_elsewhere_is_run_there(block: Block) -> None:
 
 
 def test_the_reference_lists_the_public_names() -> None:
-    page = (ROOT / "docs" / "reference" / "index.md").read_text()
-    listed = re.findall(r"^::: aiolock\.(\w+)$", page, re.M)
+    pages = "".join(p.read_text() for p in (ROOT / "docs" / "reference").glob("*.md"))
+    listed = re.findall(r"^::: aiolock\.(\w+)$", pages, re.M)
     assert sorted(listed) == sorted(aiolock.__all__)

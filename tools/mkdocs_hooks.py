@@ -3,6 +3,7 @@
 * ``architecture.md`` is generated from the repository's ``ARCHITECTURE.md``
   (one source, the one contributors read on GitHub).
 * The benchmark plots (``benchmarks/*.png``) are served under ``assets/benchmarks/``.
+* Sphinx roles left in docstrings (``:class:`Lease```) are shown as plain code.
 * A link in a page to a repository file outside ``docs/`` (``examples/worker.py``,
   ``benchmarks/RESULTS.md``) becomes the file's path in code: the site does not
   publish the repository, and ``--strict`` would otherwise fail on it.
@@ -48,3 +49,11 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
         return match[0]  # a broken link: --strict reports it
 
     return LINK.sub(rewrite, markdown)
+
+
+ROLE = re.compile(r":(?:class|meth|func|attr|exc|data|mod|obj):(?=<code>)")
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Files) -> str:
+    """Docstrings written for Sphinx (``:class:`Lease```) read as plain code here."""
+    return ROLE.sub("", html)
