@@ -36,11 +36,11 @@ waits out a lease.
 Async fixtures and pytest-asyncio: ``aiolock_client`` is a
 ``pytest_asyncio.fixture``, so it works in both ``asyncio_mode = "strict"``
 and ``"auto"``; it needs pytest-asyncio (0.24 or newer, as the ``test``
-extra). It runs in pytest-asyncio's default fixture loop scope
-(``asyncio_default_fixture_loop_scope``, "function" unless set): a Client is
-bound to one event loop, so the test using it must run in that same loop
-(the default for both). A test in a wider ``loop_scope`` needs its own
-fixture of that scope, built on ``aiolock_url``.
+extra). It runs in the loop of ``asyncio_default_fixture_loop_scope``: a
+Client is bound to one event loop, so the test using it must run in that
+same loop: keep the fixtures' and the tests' default loop scopes alike (both
+"function", the default, or both "session"). A test with a ``loop_scope`` of
+its own needs its own fixture of that scope, built on ``aiolock_url``.
 
 The library never imports this package: ``import aiolock`` imports no
 pytest. ``aiolock.testing.seam`` is aiolock's own tests' view of a Client's
