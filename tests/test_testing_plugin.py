@@ -67,6 +67,18 @@ async def test_helper_makes_the_lease_lost(aiolock_client, helper, kind):
             assert lease.lost
             await asyncio.Event().wait()  # cancelled: the lock was lost
     await lost.wait()
+
+
+async def test_helpers_refuse_what_they_cannot_end(aiolock_client):
+    async with aiolock_client.lock("r") as lease:
+        pass
+    with pytest.raises(aiolock.InvalidArgumentError, match="already released"):
+        await aiolock.testing.expire(lease)
+    with pytest.raises(aiolock.InvalidArgumentTypeError, match="takes a Lease"):
+        await aiolock.testing.force_release("r")
+    async with aiolock_client.semaphore("s", 1) as permit:
+        with pytest.raises(aiolock.InvalidArgumentTypeError, match="use force_release"):
+            await aiolock.testing.expire(permit)
 """
 
 #: What a user's pytest.ini may say: strict or auto mode.
@@ -111,7 +123,7 @@ def test_a_user_test_module(
     assert len(blocks) == 2 and blocks[0] == CONFTEST, "the README's conftest line changed"
     user_run.makepyfile(test_user=USER_TESTS, test_readme=blocks[1])
     result = user_run.runpytest_inprocess(*ARGS)
-    result.assert_outcomes(passed=12, errors=1)
+    result.assert_outcomes(passed=13, errors=1)
     result.stdout.fnmatch_lines(
         [
             "*ERROR at teardown of test_leaks_a_hold*",
