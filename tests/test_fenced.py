@@ -76,19 +76,22 @@ async def test_the_fence_lives_as_long_as_the_value(client: Client, redis: aiore
 
 
 async def test_concurrent_writers(client: Client, make_client: Any, url: str) -> None:
-    """Writers racing on two Clients: the newest token's value is what stays.
-    The second Client asks ``replicas=1`` of a server without replicas:
-    acquisitions only are acknowledged, a fenced write is not held up."""
+    """Writers racing on three Clients: the newest token's value is what
+    stays. The second asks ``replicas=1`` of a server without replicas
+    (acquisitions only are acknowledged: a fenced write is not held up); the
+    third runs the script as a Redis Function (``scripting="functions"``)."""
     acked = await make_client(replicas=1, replica_timeout=0.1)
-    clients = [client, acked]
+    functions = await make_client(scripting="functions")
+    clients = [client, acked, functions]
     results = await asyncio.gather(
-        *(clients[t % 2].fenced_set("race", f"v{t}", t) for t in range(40, 0, -1))
+        *(clients[t % 3].fenced_set("race", f"v{t}", t) for t in range(40, 0, -1))
     )
     assert results[0] is True  # the highest token always wins (nothing is above it)
     r = aioredis.Redis.from_url(url)
     try:
         assert await r.get("race") == b"v40"
         assert await r.get(client.fence_key("race")) == b"40"
+        assert "_fenced_set" in str(await r.function_list())  # (the library is loaded)
     finally:
         await r.aclose()
 
