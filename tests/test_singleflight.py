@@ -1,0 +1,353 @@
+"""Singleflight (client.singleflight): concurrent calls of one name run fn once,
+across Clients, on real servers.
+
+Every wait here is for an event: the function's start, the waiters' channel
+subscriptions on the server (``PUBSUB NUMSUB``: a Client's waiter subscribes
+only after it found the run under way), or a key's expiry; the one time bound
+is the runner's lease (a short one where a runner is made to vanish).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from aiolock import (
+    Client,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    SharedCallError,
+    UnshareableResultError,
+)
+from tests.conftest import MakeClient
+from tests.core_util import eventually
+from tests.servers import TcpProxy
+
+
+class Boom(Exception):
+    """The function's own exception type."""
+
+
+@pytest.fixture
+async def admin(url: str) -> AsyncIterator[aioredis.Redis]:
+    conn = aioredis.Redis.from_url(url)
+    try:
+        yield conn
+    finally:
+        await conn.aclose()
+
+
+def keys_of(name: str) -> tuple[str, str, str]:
+    base = f"aiolock:{{{name}}}:sf"
+    return base, base + ":res", base + ":ch"
+
+
+async def subscribers(admin: aioredis.Redis, name: str) -> int:
+    channel = keys_of(name)[2]
+    ((_, count),) = await admin.pubsub_numsub(channel)
+    return int(count)
+
+
+class Gate:
+    """A function that records each run and returns once opened."""
+
+    def __init__(self, value: Any = "v") -> None:
+        self.runs = 0
+        self.started = asyncio.Event()
+        self.opened = asyncio.Event()
+        self.value = value
+
+    async def __call__(self, *args: Any) -> Any:
+        self.runs += 1
+        self.started.set()
+        await self.opened.wait()
+        if isinstance(self.value, BaseException):
+            raise self.value
+        return self.value
+
+
+async def calls(n: int, run: Callable[[], Awaitable[Any]]) -> list[asyncio.Task[Any]]:
+    """Start n calls and return once each has entered run() (a local follower
+    registers in the same step)."""
+    tasks = [asyncio.create_task(run()) for _ in range(n)]
+    for _ in range(2):
+        await asyncio.sleep(0)
+    return tasks
+
+
+async def test_concurrent_callers_over_two_clients_run_fn_once(
+    client: Client, other_client: Client, admin: aioredis.Redis
+) -> None:
+    name = "sf:once"
+    gate = Gate({"answer": 42})
+    runner = asyncio.create_task(client.singleflight(name).run(gate, 1))
+    await gate.started.wait()
+    here = await calls(4, lambda: client.singleflight(name).run(gate, 2))
+    there = await calls(5, lambda: other_client.singleflight(name).run(gate, 3))
+    # other_client's one wait found the run under way and subscribed.
+    await eventually(lambda: subscribers(admin, name), what="other_client's waiter")
+    assert await subscribers(admin, name) == 1  # one wait per Client, not per caller
+    gate.opened.set()
+    results = await asyncio.gather(runner, *here, *there)
+    assert results == [{"answer": 42}] * 10
+    assert gate.runs == 1
+    run_key, result_key, _ = keys_of(name)
+    assert await admin.exists(run_key) == 0
+    # ttl=0: the outcome is kept only for that run's waiters (one lease), never reused.
+    assert 0 < await admin.pttl(result_key) <= client.lease * 1000
+    gate.opened.clear()
+    again = asyncio.create_task(other_client.singleflight(name).run(gate))
+    await eventually(lambda: gate.runs == 2, what="a new run")
+    gate.opened.set()
+    assert await again == {"answer": 42}
+
+
+async def test_ttl_keeps_the_result_and_it_expires(
+    client: Client, other_client: Client, admin: aioredis.Redis
+) -> None:
+    name = "sf:ttl"
+    gate = Gate([1, 2])
+    gate.opened.set()
+    ttl = 0.3
+    assert await client.singleflight(name, ttl=ttl).run(gate) == [1, 2]
+    _, result_key, _ = keys_of(name)
+    pttl = await admin.pttl(result_key)
+    assert 0 < pttl <= ttl * 1000
+    # Within the ttl, any caller of the name takes it, whatever its own ttl.
+    assert await other_client.singleflight(name).run(gate) == [1, 2]
+    assert gate.runs == 1
+    await eventually(lambda: _gone(admin, result_key), what="the result's expiry")
+    assert await other_client.singleflight(name, ttl=ttl).run(gate) == [1, 2]
+    assert gate.runs == 2
+
+
+async def _gone(admin: aioredis.Redis, key: str) -> bool:
+    return await admin.exists(key) == 0
+
+
+async def test_an_exception_reaches_the_runner_unchanged_and_the_others_as_shared_call_error(
+    client: Client, other_client: Client, admin: aioredis.Redis
+) -> None:
+    name = "sf:boom"
+    error = Boom("it broke")
+    gate = Gate(error)
+    runner = asyncio.create_task(client.singleflight(name, ttl=30).run(gate))
+    await gate.started.wait()
+    local = await calls(2, lambda: client.singleflight(name).run(gate))
+    remote = await calls(2, lambda: other_client.singleflight(name).run(gate))
+    await eventually(lambda: subscribers(admin, name), what="other_client's waiter")
+    gate.opened.set()
+    with pytest.raises(Boom) as caught:
+        await runner
+    assert caught.value is error
+    for task in [*local, *remote]:
+        with pytest.raises(SharedCallError) as shared:
+            await task
+        assert shared.value.type_name == "tests.test_singleflight.Boom"
+        assert shared.value.message == "it broke"
+        assert shared.value.name == name
+    # An exception is never cached, even with a ttl: the next call runs fn.
+    gate.value = "fine"
+    assert await other_client.singleflight(name, ttl=30).run(gate) == "fine"
+    assert gate.runs == 2
+
+
+async def test_a_cancelled_runner_hands_the_run_to_a_waiter(
+    client: Client, other_client: Client, admin: aioredis.Redis
+) -> None:
+    name = "sf:cancel-runner"
+    first, second = Gate(), Gate("second")
+    second.opened.set()
+    runner = asyncio.create_task(client.singleflight(name).run(first))
+    await first.started.wait()
+    waiter = asyncio.create_task(other_client.singleflight(name).run(second))
+    await eventually(lambda: subscribers(admin, name), what="other_client's waiter")
+    runner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await runner
+    # The abandon woke it at once (not after the runner's lease).
+    async with asyncio.timeout(client.lease / 2):
+        assert await waiter == "second"
+    assert (first.runs, second.runs) == (1, 1)
+
+
+async def test_a_closed_runner_client_hands_the_run_to_a_waiter(
+    make_client: MakeClient, other_client: Client, admin: aioredis.Redis
+) -> None:
+    name = "sf:closed"
+    runner_client = await make_client()
+    first, second = Gate(), Gate("second")
+    second.opened.set()
+    runner = asyncio.create_task(runner_client.singleflight(name).run(first))
+    await first.started.wait()
+    waiter = asyncio.create_task(other_client.singleflight(name).run(second))
+    await eventually(lambda: subscribers(admin, name), what="other_client's waiter")
+    await runner_client.aclose()
+    async with asyncio.timeout(other_client.lease / 2):
+        assert await waiter == "second"
+    # The old runner finishes later: its lease is lost, it records nothing.
+    first.opened.set()
+    assert await runner == "v"
+    assert await admin.hget(keys_of(name)[1], "v") == b'"second"'
+
+
+async def test_a_runner_cut_off_from_redis_is_replaced_within_its_lease(
+    proxy: TcpProxy, other_client: Client, admin: aioredis.Redis
+) -> None:
+    name = "sf:cut"
+    lease = 0.5
+    async with Client.from_url(proxy.url, lease=lease) as cut_client:
+        await _run_cut(proxy, cut_client, other_client, admin, name, lease)
+
+
+async def _run_cut(
+    proxy: TcpProxy,
+    cut_client: Client,
+    other_client: Client,
+    admin: aioredis.Redis,
+    name: str,
+    lease: float,
+) -> None:
+    first, second = Gate(), Gate("second")
+    second.opened.set()
+    runner = asyncio.create_task(cut_client.singleflight(name).run(first))
+    await first.started.wait()
+    waiter = asyncio.create_task(other_client.singleflight(name).run(second))
+    await eventually(lambda: subscribers(admin, name), what="other_client's waiter")
+    proxy.blackhole()  # the runner's process is as good as dead to Redis
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    assert await waiter == "second"
+    # It waited for the run's lease to run out, no longer than a lease bound allows.
+    assert loop.time() - began >= lease / 2
+    runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+    proxy.restore()
+
+
+async def test_a_cancelled_waiter_affects_nobody_and_leaves_nothing(
+    client: Client, other_client: Client, admin: aioredis.Redis
+) -> None:
+    name = "sf:cancel-waiter"
+    gate = Gate("ok")
+    runner = asyncio.create_task(client.singleflight(name).run(gate))
+    await gate.started.wait()
+    # other_client: the first caller talks to Redis for the others; cancel it.
+    leader, follower = await calls(2, lambda: other_client.singleflight(name).run(gate))
+    local_gone, local_stays = await calls(2, lambda: client.singleflight(name).run(gate))
+    await eventually(lambda: subscribers(admin, name), what="other_client's waiter")
+    leader.cancel()
+    local_gone.cancel()
+    await asyncio.gather(leader, local_gone, return_exceptions=True)
+    assert leader.cancelled() and local_gone.cancelled()
+    # The follower took over other_client's wait (subscribed again, or still).
+    await eventually(lambda: subscribers(admin, name), what="the follower's wait")
+    gate.opened.set()
+    assert await asyncio.gather(runner, follower, local_stays) == ["ok"] * 3
+    assert gate.runs == 1
+    assert await admin.exists(keys_of(name)[0]) == 0
+    for each in (client, other_client):
+        stats = each.statistics()
+        assert (stats.holds, stats.waiting) == (0, 0)
+
+
+async def test_a_begin_cancelled_on_the_wire_leaves_no_run(
+    client: Client, other_client: Client, admin: aioredis.Redis
+) -> None:
+    name = "sf:cancel-begin"
+    gate = Gate("x")
+    gate.opened.set()
+    await client.singleflight("sf:warm").run(gate)  # connected, scripts loaded
+    task = asyncio.create_task(client.singleflight(name).run(gate))
+    await asyncio.sleep(0)  # the begin is written; its reply not read
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    # Whatever it took is given up in the background: the run is free again.
+    await eventually(lambda: _gone(admin, keys_of(name)[0]), what="no run left")
+    assert await other_client.singleflight(name).run(gate) == "x"
+
+
+@pytest.mark.parametrize(
+    ("value", "options", "why"),
+    [({1, 2}, {}, "could not be serialized"), ("x" * 100, {"max_size": 64}, "over max_size")],
+    ids=["unserializable", "oversize"],
+)
+async def test_an_unshareable_result_is_an_error_for_every_caller(
+    client: Client,
+    other_client: Client,
+    admin: aioredis.Redis,
+    value: Any,
+    options: dict[str, Any],
+    why: str,
+) -> None:
+    name = f"sf:unshareable:{why}"
+    gate = Gate(value)
+    runner = asyncio.create_task(client.singleflight(name, **options).run(gate))
+    await gate.started.wait()
+    local = await calls(1, lambda: client.singleflight(name).run(gate))
+    remote = await calls(1, lambda: other_client.singleflight(name).run(gate))
+    await eventually(lambda: subscribers(admin, name), what="other_client's waiter")
+    gate.opened.set()
+    for task in [runner, *local, *remote]:
+        with pytest.raises(UnshareableResultError, match=why):
+            await task
+    assert gate.runs == 1
+
+
+async def test_the_decorator_keeps_the_function(client: Client) -> None:
+    @client.singleflight("sf:decorated", ttl=5)
+    async def square(x: int, *, plus: int = 0) -> int:
+        """Squares."""
+        return x * x + plus
+
+    assert square.__name__ == "square" and square.__doc__ == "Squares."
+    assert await square(3, plus=1) == 10
+    assert await square(4) == 10  # the same name: the cached result
+
+
+async def test_bad_input_is_refused_before_any_redis_call(
+    client: Client, admin: aioredis.Redis
+) -> None:
+    with pytest.raises(InvalidArgumentError):
+        client.singleflight("")
+    with pytest.raises(InvalidArgumentTypeError):
+        client.singleflight(b"name")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        client.singleflight("n", ttl=-1)
+    with pytest.raises(InvalidArgumentTypeError):
+        client.singleflight("n", ttl="1")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        client.singleflight("n", max_size=0)
+    with pytest.raises(InvalidArgumentTypeError):
+        client.singleflight("n", serializer=object())  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentTypeError):
+        await client.singleflight("n").run(42)  # type: ignore[arg-type]
+
+    def sync() -> int:
+        return 1
+
+    with pytest.raises(InvalidArgumentTypeError):
+        client.singleflight("n")(sync)  # type: ignore[arg-type]
+    assert await admin.dbsize() == 0
+
+
+async def test_on_a_cluster(cluster_url: str) -> None:
+    async with Client.from_url(cluster_url) as one, Client.from_url(cluster_url) as two:
+        gate = Gate("c")
+        runner = asyncio.create_task(one.singleflight("sf:cluster").run(gate))
+        await gate.started.wait()
+        others = await calls(3, lambda: two.singleflight("sf:cluster").run(gate))
+        await eventually(lambda: _cluster_subscribed(two, "sf:cluster"), what="two's waiter")
+        gate.opened.set()
+        assert await asyncio.gather(runner, *others) == ["c"] * 4
+        assert gate.runs == 1
+
+
+def _cluster_subscribed(client: Client, name: str) -> bool:
+    from aiolock.testing import seam
+
+    return seam.engine(client).subscribed(keys_of(name)[2].encode()) is not None
