@@ -10,6 +10,7 @@ is the runner's lease (a short one where a runner is made to vanish).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -349,3 +350,18 @@ async def test_on_a_cluster(cluster_url: str) -> None:
 
 def _cluster_subscribed(client: Client, name: str) -> bool:
     return seam.engine(client).subscribed(keys_of(name)[2].encode()) is not None
+
+
+@pytest.mark.skipif(
+    not os.environ.get("AIOLOCK_TEST_PROCESSES"),
+    reason="starts 2 Python processes (~7 s on 2 busy cores): AIOLOCK_TEST_PROCESSES=1",
+)
+async def test_two_processes_run_fn_once(url: str) -> None:
+    """Two real processes (the benchmark's workers, 10 callers each, one Client
+    each) share one run of one name. Skipped unless AIOLOCK_TEST_PROCESSES is
+    set (README_TESTING_NOTES.md): the two Clients of the other tests stand
+    for two processes in the default run."""
+    from benchmarks.singleflight import _measure
+
+    result = await asyncio.to_thread(_measure, url, 2, 20, 0.5)
+    assert (result["calls"], result["runs"]) == (20, 1)
