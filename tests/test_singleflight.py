@@ -185,6 +185,27 @@ async def test_a_cancelled_runner_hands_the_run_to_a_waiter(
     await eventually(lambda: _gone(admin, keys_of(name)[0]), what="no run left")
     assert await other_client.singleflight(name).run(second) == "second"
 
+    # Cancelled while its outcome is on the wire: the record completes all the
+    # same (the waiters get it), and the runner's caller sees its cancellation.
+    name = f"{name}:record"
+    third = Gate("third")
+
+    async def cancelled_on_return() -> str:
+        value = await third()
+        # Runs once the task awaits the record (written in this same step).
+        asyncio.get_running_loop().call_soon(recording.cancel)
+        return str(value)
+
+    recording = asyncio.create_task(client.singleflight(name).run(cancelled_on_return))
+    await third.started.wait()
+    waiter = asyncio.create_task(other_client.singleflight(name).run(second))
+    await eventually(lambda: subscribers(admin, name), what="other_client's waiter")
+    third.opened.set()
+    with pytest.raises(asyncio.CancelledError):
+        await recording
+    assert await waiter == "third"
+    assert await admin.exists(keys_of(name)[0]) == 0
+
 
 async def test_a_closed_runner_client_hands_the_run_to_a_waiter(
     make_client: MakeClient, other_client: Client, admin: aioredis.Redis
