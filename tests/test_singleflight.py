@@ -23,6 +23,7 @@ from aiolock import (
     InvalidArgumentTypeError,
     SharedCallError,
     UnshareableResultError,
+    WrongTypeError,
 )
 from aiolock.testing import seam
 from tests.conftest import MakeClient
@@ -346,6 +347,14 @@ async def test_bad_input_is_refused_before_any_redis_call_and_the_decorator(
     with pytest.raises(InvalidArgumentTypeError):
         client.singleflight("n")(sync)  # type: ignore[arg-type]
     assert await admin.dbsize() == 0
+
+    # A key of the name holding a value aiolock did not write: refused, nothing changed.
+    run_key, result_key, _ = keys_of("sf:planted")
+    await admin.set(result_key, "planted")
+    with pytest.raises(WrongTypeError, match="sf:res"):
+        await client.singleflight("sf:planted").run(Gate())
+    assert await admin.get(result_key) == b"planted"
+    assert await admin.exists(run_key) == 0
 
     @client.singleflight("sf:decorated", ttl=5)
     async def square(x: int, *, plus: int = 0) -> int:

@@ -21,13 +21,16 @@
 --                              holds rid with this fencing token for lease_ms
 --@include _types.lua
 --@include _fence.lua
-check_types(KEYS, 'hash', 'hash', 'hash')
+-- (No TYPE per key on this path, which every waiting Client takes: each key
+-- is first read with typed(), which fails naming the key before any write.)
 local seen = tonumber(ARGV[4])
-local rec = redis.call('HMGET', KEYS[3], 't', 'k', 'v', 'c')
-if rec[1] and (rec[4] == '1' or (seen > 0 and tonumber(rec[1]) >= seen)) then
-    return {2, rec[2], rec[3], tonumber(rec[1])}
+if typed('hash', 'HEXISTS', KEYS[3], 't') == 1 then
+    local rec = redis.call('HMGET', KEYS[3], 't', 'k', 'v', 'c')
+    if rec[4] == '1' or (seen > 0 and tonumber(rec[1]) >= seen) then
+        return {2, rec[2], rec[3], tonumber(rec[1])}
+    end
 end
-local running = redis.call('HGET', KEYS[1], '~fence')
+local running = typed('hash', 'HGET', KEYS[1], '~fence')
 if running then
     return {0, redis.call('PTTL', KEYS[1]), tonumber(running)}
 end
