@@ -94,6 +94,9 @@ async def test_concurrent_callers_over_two_clients_run_fn_once(
     # other_client's one wait found the run under way and subscribed.
     await eventually(lambda: subscribers(admin, name), what="other_client's waiter")
     assert await subscribers(admin, name) == 1  # one wait per Client, not per caller
+    here_stats = client.singleflight(name).statistics()
+    assert (here_stats.locked, here_stats.waiting) == (True, 4)
+    assert other_client.singleflight(name).statistics().waiting == 5
     gate.opened.set()
     results = await asyncio.gather(runner, *here, *there)
     assert results == [{"answer": 42}] * 10

@@ -27,8 +27,9 @@ from .._core.errors import (
     UnshareableResultError,
 )
 from .._core.holds.lease import Hold
+from .._core.options import LockStatistics
 from .._core.validate import check_seconds, to_ms
-from .base import Primitive, compete
+from .base import Primitive, compete, lock_statistics
 from .singleflight_kind import SingleflightKeys
 
 if TYPE_CHECKING:
@@ -452,6 +453,16 @@ class Singleflight(Primitive):
             return
         self._engine.release_hold(hold).add_done_callback(_ignore)
 
+    def statistics(self) -> LockStatistics:
+        """This Client's view of the name, locally (no round trip, safe from any
+        thread): ``locked`` while one of its tasks runs the function (``holder``,
+        ``fencing_token``, ``lease_remaining`` of the run), ``waiting`` its other
+        callers (those sharing its wait included)."""
+        state: _State | None = self._engine.peek_state(self._names.local)
+        holds = state.holds() if state is not None else ()
+        waiting = state.waiting() if state is not None else 0
+        return lock_statistics(self.kind, self.name, self._engine.loop, holds, waiting, count=_one)
+
     def __repr__(self) -> str:
         head = f"<Singleflight {self.name!r} ttl {self.ttl:g} s"
         state: _State | None = self._engine.peek_state(self._names.local)
@@ -459,6 +470,10 @@ class Singleflight(Primitive):
             return f"{head}, idle here>"
         running = "running here" if state.hold is not None else "waiting"
         return f"{head}, {running}, {state.active} caller(s) here>"
+
+
+def _one(hold: Hold) -> int:
+    return 1
 
 
 def _bytes(value: Any) -> bytes:
