@@ -187,6 +187,10 @@ class Singleflight(Primitive):
       record it: its token is older than the new runner's, so it cannot
       overwrite a newer result. Within one Client the local callers share one
       wait (one of them talks to Redis).
+    * **Who runs, in what order:** the first call whose try reaches Redis
+      while no run is under way; when a run is given up or its lease runs
+      out, whichever waiting Client's retry reaches Redis first (no FIFO).
+      Nothing is released by hand: a run ends when ``fn`` returns or raises.
     * **Cancellation:** a cancelled waiter affects nobody (if it was the one
       talking to Redis for its Client, another local caller takes over). A
       cancelled runner gives the run up at once (its hold is deleted and the
@@ -199,8 +203,9 @@ class Singleflight(Primitive):
       ``:sf:res`` (the last outcome: ``ttl`` seconds if cached, else one lease
       for the waiters of that run to read it). Apart from a lock's keys: a
       lock and a singleflight may share a name.
-    * Not reentrant: a runner whose ``fn`` calls the same singleflight waits
-      for itself (its lease bounds nothing: it is renewed). Don't.
+    * Not reentrant: an ``fn`` that calls its own singleflight (directly or
+      from a task it awaits) waits for its own run, for ever (the run's lease
+      is renewed meanwhile), as an ``asyncio.Lock`` taken twice would.
     """
 
     __slots__ = ("max_size", "serializer", "ttl")
