@@ -66,14 +66,17 @@ def _read(raw: kinds.RawName, run: kinds.RawKey | None) -> kinds.Description | N
     if run is None and fence is None and result is None:
         return None
     last = kinds.to_int(fence.value.get("t")) if fence else None
-    details: dict[str, object] = {}
-    if result is not None:
-        kept = result.value.get("c") == "1"
-        details["result"] = {"v": "value", "e": "exception", "x": "unshareable"}.get(
-            result.value.get("k", ""), "?"
+    details: dict[str, object] = {"running": "running" if run is not None else "no run"}
+    if result is None:
+        details["outcome"] = "no outcome kept"
+    else:
+        kind = {"v": "a value", "e": "an exception", "x": "an unshareable result"}.get(
+            result.value.get("k", ""), "an unknown record"
         )
-        details["cached"] = kept
-        details["result_ttl_ms"] = kinds.ttl(result.pttl)
+        kept = "for later callers" if result.value.get("c") == "1" else "for its waiters"
+        left = kinds.ttl(result.pttl)
+        until = f", {left / 1000:.1f} s more" if left is not None else ""
+        details["outcome"] = f"last outcome {kind}, kept {kept}{until}"
     if run is None:
         key = f"{raw.prefix}:{{{raw.name}}}{RUN}"
         return kinds.Description(KIND, raw.name, key, None, last_token=last, details=details)
@@ -117,6 +120,7 @@ KIND = kinds.KindSpec(
     waiters_recorded=False,
     not_shown="callers waiting for the run are not recorded in Redis",
     holds_counted=False,
+    summary="{running}; {outcome}",
     holder_note="running the function",
     counter_note="last fencing token issued: {last_token}",
 )
