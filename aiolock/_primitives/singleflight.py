@@ -29,8 +29,10 @@ from .._core.errors import (
 from .._core.holds.lease import Hold
 from .._core.options import LockStatistics
 from .._core.validate import check_seconds, to_ms
-from .base import Primitive, compete, lock_statistics
+from .base import Primitive
+from .compete import compete
 from .singleflight_kind import SingleflightKeys
+from .stats import lock_statistics
 
 if TYPE_CHECKING:
     from .._core.view import EngineView
