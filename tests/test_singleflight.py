@@ -288,8 +288,9 @@ async def test_a_cancelled_waiter_affects_nobody_and_leaves_nothing(
     local_gone.cancel()
     await asyncio.gather(leader, local_gone, return_exceptions=True)
     assert leader.cancelled() and local_gone.cancelled()
-    # The follower took over other_client's wait (subscribed again, or still).
-    await eventually(lambda: subscribers(admin, name), what="the follower's wait")
+    # The follower took over other_client's wait: it found the run under way
+    # (a Client registers its wait only then).
+    await eventually(lambda: _waits(other_client, name), what="the follower's wait")
     gate.opened.set()
     assert await asyncio.gather(runner, follower, local_stays) == ["ok"] * 3
     assert gate.runs == 1
@@ -375,14 +376,16 @@ async def test_on_a_cluster(cluster_url: str) -> None:
         runner = asyncio.create_task(one.singleflight("sf:cluster").run(gate))
         await gate.started.wait()
         others = await calls(3, lambda: two.singleflight("sf:cluster").run(gate))
-        await eventually(lambda: _cluster_subscribed(two, "sf:cluster"), what="two's waiter")
+        await eventually(lambda: _waits(two, "sf:cluster"), what="two's waiter")
         gate.opened.set()
         assert await asyncio.gather(runner, *others) == ["c"] * 4
         assert gate.runs == 1
 
 
-def _cluster_subscribed(client: Client, name: str) -> bool:
-    return seam.engine(client).subscribed(keys_of(name)[2].encode()) is not None
+def _waits(client: Client, name: str) -> bool:
+    """A task of ``client`` waits for the run of ``name`` (registered on its channel)."""
+    channel = seam.engine(client).subscribed(keys_of(name)[2].encode())
+    return channel is not None and channel.refs > 0
 
 
 @pytest.mark.skipif(
