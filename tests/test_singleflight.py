@@ -35,6 +35,11 @@ class Boom(Exception):
     """The function's own exception type."""
 
 
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
 @pytest.fixture
 async def admin(url: str) -> AsyncIterator[aioredis.Redis]:
     conn = aioredis.Redis.from_url(url)
@@ -160,6 +165,18 @@ async def test_an_exception_reaches_the_runner_unchanged_and_the_others_as_share
     gate.value = "fine"
     assert await other_client.singleflight(name, ttl=30).run(gate) == "fine"
     assert gate.runs == 2
+
+    # An exception whose str() fails is shared all the same.
+    unprintable = Gate(Unprintable())
+    runner = asyncio.create_task(client.singleflight(f"{name}:2").run(unprintable))
+    await unprintable.started.wait()
+    (local_call,) = await calls(1, lambda: client.singleflight(f"{name}:2").run(unprintable))
+    unprintable.opened.set()
+    with pytest.raises(Unprintable):
+        await runner
+    with pytest.raises(SharedCallError) as shared:
+        await local_call
+    assert shared.value.message == "<Unprintable whose str() failed>"
 
 
 async def test_a_cancelled_runner_hands_the_run_to_a_waiter(

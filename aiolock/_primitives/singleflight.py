@@ -82,6 +82,15 @@ class JSONSerializer:
 _JSON = JSONSerializer()
 
 
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, at most MESSAGE_MAX characters (and never raising)."""
+    try:
+        message = str(exc)
+    except Exception:
+        message = f"<{type(exc).__name__} whose str() failed>"
+    return message if len(message) <= MESSAGE_MAX else message[:MESSAGE_MAX] + "..."
+
+
 def _type_name(exc: BaseException) -> str:
     cls = type(exc)
     if cls.__module__ == "builtins":
@@ -366,20 +375,32 @@ class Singleflight(Primitive):
             kind=self.kind,
         )
         try:
+            return await self._run_and_record(flight, hold, rid, token, fn, args, kwargs)
+        finally:
+            # Cancelled (or the process is stopping), or anything else that kept
+            # the outcome from being recorded: give the run up now, so that a
+            # waiter runs fn. A no-op once the record was sent (or the hold lost);
+            # the release completes whatever happens to us.
+            self._give_up(hold)
+
+    async def _run_and_record(
+        self,
+        flight: _Flight,
+        hold: Hold,
+        rid: str,
+        token: int,
+        fn: Callable[..., Awaitable[R]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> R:
+        try:
             result = await fn(*args, **kwargs)
         except Exception as exc:
-            message = str(exc)
-            if len(message) > MESSAGE_MAX:
-                message = message[:MESSAGE_MAX] + "..."
+            message = _message(exc)
             data = json.dumps({"type": _type_name(exc), "message": message}).encode()
             outcome = _Outcome(_EXCEPTION, data)
             flight.settle(outcome)
             await self._record(hold, rid, token, outcome)
-            raise
-        except BaseException:
-            # Cancelled (or the process is stopping): give the run up now, so
-            # that a waiter runs fn; the release completes whatever happens to us.
-            self._give_up(hold)
             raise
         try:
             payload = self.serializer.dumps(result)
@@ -389,9 +410,8 @@ class Singleflight(Primitive):
         except Exception as exc:
             error = UnshareableResultError(
                 f"singleflight {self.name!r}: the result ({type(result).__name__}) could not "
-                f"be serialized: {type(exc).__name__}: {exc}"
+                f"be serialized: {type(exc).__name__}: {_message(exc)}"
             )
-            error.__cause__ = exc
             await self._unshareable(flight, hold, rid, token, error)
             raise error from exc
         if len(payload) > self.max_size:
@@ -422,6 +442,8 @@ class Singleflight(Primitive):
         then expires within one lease and a waiter runs ``fn`` again.
         """
         if hold.lost:
+            if self._engine.closed:
+                return  # the Client was closed meanwhile: it gave the run up itself
             log.warning(
                 "singleflight %r: the run's lease was lost (%s); its outcome is not shared",
                 self.name,
