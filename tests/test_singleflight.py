@@ -1,10 +1,13 @@
 """Singleflight (client.singleflight): concurrent calls of one name run fn once,
 across Clients, on real servers.
 
-Every wait here is for an event: the function's start, the waiters' channel
-subscriptions on the server (``PUBSUB NUMSUB``: a Client's waiter subscribes
-only after it found the run under way), or a key's expiry; the one time bound
-is the runner's lease (a short one where a runner is made to vanish).
+Every wait here is for an event: the function's start, a Client's wait
+registered on the name's channel (``PUBSUB NUMSUB`` on the server, or the
+listener's channel: a Client registers its wait only after it found the run
+under way), a key gone. A ttl is checked as the result key's PTTL, not by
+waiting for it; the one time bound is the runner's lease (2 s where a runner
+is cut off from Redis). About 13 s in all on 2 busy cores (Redis and Valkey);
+the cross-process case is behind AIOLOCK_TEST_PROCESSES.
 """
 
 from __future__ import annotations
