@@ -23,9 +23,10 @@ from redis.exceptions import RedisClusterException
 from ._core.engine import Engine
 from ._core.errors import InvalidArgumentError, InvalidArgumentTypeError, sentence
 from ._core.observe.observer import LockLabel
-from ._core.options import ClientStatistics, Notify, check_options, check_sentinels
+from ._core.options import ClientStatistics, Notify, Scripting, check_options, check_sentinels
 from ._core.protocol.keys import main_key
 from ._core.waiting.notify import Backoff
+from ._primitives.election import Election
 from ._primitives.fair import FairLock
 from ._primitives.latch import Latch
 from ._primitives.lock import AsyncLock
@@ -69,6 +70,17 @@ class Client:
       from a lock name to a label from a bounded set (or None), the only way
       lock names reach metric attributes (``order:<id>`` names must not
       explode cardinality); without it no name is recorded.
+    * ``scripting``: how aiolock runs its Lua scripts. ``"eval"``: the server's
+      script cache (each connection loads a script with its first run). ``"functions"``:
+      one Redis Functions library (Redis 7.0+, Valkey 7.2+) named after
+      aiolock's version and its text, loaded once per server (per master)
+      when a call finds it missing, never replaced or deleted; a user that
+      may not ``FUNCTION LOAD`` gets ``ServerRefusedError`` (NOPERM) naming
+      ``aiolock functions load --url ...``, for an operator to run once.
+      ``"auto"`` (the default): the script cache, and Functions from the
+      first time the ACL refuses running or loading a cached script (that
+      call did not run; it is sent again as an FCALL). A server without Functions raises
+      ``UnsupportedServerError`` at the first call that needs them.
 
     A Client is bound to the event loop it first runs on, and started on
     first use or by ``async with``. ``aclose()`` is idempotent. On close,
@@ -92,6 +104,7 @@ class Client:
         wait_aof: bool = False,
         telemetry: bool = True,
         lock_label: LockLabel | None = None,
+        scripting: Scripting = "auto",
     ) -> None:
         options = check_options(
             redis,
@@ -105,6 +118,7 @@ class Client:
             wait_aof=wait_aof,
             telemetry=telemetry,
             lock_label=lock_label,
+            scripting=scripting,
         )
         self._engine = Engine(redis, options, cluster=None, cluster_client=None)
 
@@ -123,6 +137,7 @@ class Client:
         wait_aof: bool = False,
         telemetry: bool = True,
         lock_label: LockLabel | None = None,
+        scripting: Scripting = "auto",
         cluster: bool | None = None,
     ) -> Client:
         """A Client with its own connections to ``url`` (``redis://``, ``rediss://``, ``unix://``).
@@ -172,6 +187,7 @@ class Client:
             wait_aof=wait_aof,
             telemetry=telemetry,
             lock_label=lock_label,
+            scripting=scripting,
         )
         client = cls.__new__(cls)
         client._engine = Engine(
@@ -199,6 +215,7 @@ class Client:
         wait_aof: bool = False,
         telemetry: bool = True,
         lock_label: LockLabel | None = None,
+        scripting: Scripting = "auto",
         username: str | None = None,
         password: str | None = None,
         db: int = 0,
@@ -289,6 +306,7 @@ class Client:
             wait_aof=wait_aof,
             telemetry=telemetry,
             lock_label=lock_label,
+            scripting=scripting,
         )
         client = cls.__new__(cls)
         client._engine = Engine(redis, options, cluster=False, cluster_client=None)
@@ -343,6 +361,11 @@ class Client:
         ``await sf.run(fn, ...)`` or ``@client.singleflight(name)`` (see Singleflight)."""
 
         return Singleflight(self._engine, name, ttl=ttl, serializer=serializer, max_size=max_size)
+
+    def election(self, name: str) -> Election:
+        """Leader election over a lock of its own kind (see :class:`aiolock.Election`)."""
+
+        return Election(self._engine, name)
 
     # -- options -------------------------------------------------------------------------
 

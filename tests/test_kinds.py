@@ -65,6 +65,10 @@ HOLD: dict[str, tuple[Take, Take]] = {
         lambda c, n: _SingleflightRun.start(c, n),
         lambda c, n: c.singleflight(n).run(_never_run),
     ),
+    "election": (
+        lambda c, n: c.election(n).campaign("leader"),
+        lambda c, n: c.election(n).campaign("candidate"),
+    ),
 }
 
 

@@ -11,6 +11,7 @@ which kinds of one anchor claim it: the first claim wins.
 
 from .._core.protocol.kinds import Registry
 from . import (
+    election_kind,
     fair_kind,
     latch_kind,
     lock_kind,
@@ -30,4 +31,5 @@ KINDS = Registry(
     latch_kind.KIND,
     redlock_kind.KIND,
     singleflight_kind.KIND,
+    election_kind.KIND,
 )
