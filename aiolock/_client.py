@@ -34,6 +34,7 @@ from ._primitives.lock import AsyncLock
 from ._primitives.multi import MultiLock
 from ._primitives.rwlock import ReadWriteLock
 from ._primitives.semaphore import Semaphore
+from ._primitives.singleflight import DEFAULT_MAX_SIZE, Serializer, Singleflight
 from ._primitives.spin import SpinLock
 
 __all__ = ["Client", "ClientStatistics", "Notify", "engine_of"]
@@ -348,6 +349,19 @@ class Client:
         """A distributed count-down latch."""
 
         return Latch(self._engine, name, count)
+
+    def singleflight(
+        self,
+        name: str,
+        *,
+        ttl: float = 0.0,
+        serializer: Serializer | None = None,
+        max_size: int = DEFAULT_MAX_SIZE,
+    ) -> Singleflight:
+        """Concurrent calls of ``name``, in any process, run a function once:
+        ``await sf.run(fn, ...)`` or ``@client.singleflight(name)`` (see Singleflight)."""
+
+        return Singleflight(self._engine, name, ttl=ttl, serializer=serializer, max_size=max_size)
 
     def election(self, name: str) -> Election:
         """Leader election over a lock of its own kind (see :class:`aiolock.Election`)."""
