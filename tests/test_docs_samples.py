@@ -142,3 +142,14 @@ def test_the_reference_lists_the_public_names() -> None:
     pages = "".join(p.read_text() for p in (ROOT / "docs" / "reference").glob("*.md"))
     listed = re.findall(r"^::: aiolock\.(\w+)$", pages, re.M)
     assert sorted(listed) == sorted(aiolock.__all__)
+
+
+def test_the_readme_is_a_front_page() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250, "the README is a front page: details go to docs/"
+    assert "python -m pip install -e '.[docs]' && mkdocs serve" in readme
+    for target in re.findall(r"\]\((docs/[^)#]*)", readme):
+        assert (ROOT / target).exists(), f"README links to {target}, which does not exist"
+    nav = (ROOT / "mkdocs.yml").read_text()
+    pages = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")}
+    assert pages <= set(re.findall(r"([\w/.-]+\.md)", nav)), "a page missing from the nav"
