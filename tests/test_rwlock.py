@@ -34,6 +34,7 @@ from aiolock.testing import seam
 from tests.conftest import NOTIFY_MODES, MakeClient
 from tests.core_util import (
     assert_clean,
+    assert_refuses_bad_arguments,
     blocked_clients,
     cancel_at_random,
     evalsha_calls,
@@ -814,14 +815,7 @@ async def test_bad_input_is_refused_before_any_round_trip(
         plain.rw_lock("")
     rw = plain.rw_lock("bad")
     for view in (rw.read, rw.write):
-        with pytest.raises(InvalidArgumentError):
-            await view.acquire(timeout=-1)
-        with pytest.raises(InvalidArgumentError):
-            await view.acquire(lease=0)
-        with pytest.raises(InvalidArgumentTypeError):
-            await view.try_acquire("1")  # type: ignore[arg-type]
-        with pytest.raises(InvalidArgumentError):
-            view(on_lost="maybe")  # type: ignore[call-overload]
+        await assert_refuses_bad_arguments(view)
         with pytest.raises(InvalidArgumentTypeError):
             view(lambda: None)  # type: ignore[arg-type, return-value]
     assert evalsha_calls(server) == calls
