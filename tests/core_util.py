@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import random
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
@@ -278,3 +279,35 @@ async def assert_refuses_bad_arguments(lock: Any) -> None:
         await lock.try_acquire("1")
     with pytest.raises(InvalidArgumentError):
         lock(on_lost="maybe")
+
+
+def off_thread(fn: Callable[[], T], timeout: float = 30.0) -> T:
+    """``fn()`` in a plain thread with no event loop (warnings are errors
+    there too): its result, or its error raised here. Blocks the caller's
+    loop: for calls that need nothing of it (a check that refuses at once)."""
+    result: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout)
+    if errors:
+        raise errors[0]
+    return result[0]
+
+
+async def cancel_release(lease: Any, server: RedisServer, key: str) -> None:
+    """``lease.release()`` cancelled once it is on the wire: the call ends
+    cancelled, and the release still completes in Redis (``key`` goes)."""
+    task = asyncio.create_task(lease.release())
+    await asyncio.sleep(0)  # the release is on the wire
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await eventually(lambda: server.execute("EXISTS", key) == 0, what="the release in Redis")
