@@ -311,3 +311,21 @@ async def cancel_release(lease: Any, server: RedisServer, key: str) -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     await eventually(lambda: server.execute("EXISTS", key) == 0, what="the release in Redis")
+
+
+def primitive(client: Client, kind: str, name: str = "res") -> Any:
+    """``client``'s primitive of ``kind`` on ``name``: "lock", "spin_lock",
+    "fair_lock", "read" or "write" (a read-write lock's sides), "semaphore"
+    (2 permits)."""
+    if kind == "lock":
+        return client.lock(name)
+    if kind == "spin_lock":
+        return client.spin_lock(name)
+    if kind == "fair_lock":
+        return client.fair_lock(name)
+    if kind == "read":
+        return client.rw_lock(name).read
+    if kind == "write":
+        return client.rw_lock(name).write
+    assert kind == "semaphore", kind
+    return client.semaphore(name, 2)

@@ -30,7 +30,7 @@ import pytest
 from aiolock import Client, Lease, LockLostError, LockNotOwnedError
 from aiolock._core.transport.connection import CommandConnection
 from aiolock.testing import seam
-from tests.core_util import assert_clean, eventually
+from tests.core_util import assert_clean, eventually, primitive
 from tests.servers import RedisServer
 
 #: Long enough that the watchdog's own rounds (every lease / 3) never run during a test.
@@ -40,20 +40,7 @@ TIMEOUT = 60.0
 PREFIX = "fl"
 GATE = "fl-test:gate"
 
-KINDS = ["lock", "fair", "write", "read", "semaphore"]
-
-
-def primitive(client: Client, kind: str, name: str = "res") -> Any:
-    if kind == "lock":
-        return client.lock(name)
-    if kind == "fair":
-        return client.fair_lock(name)
-    if kind == "write":
-        return client.rw_lock(name).write
-    if kind == "read":
-        return client.rw_lock(name).read
-    assert kind == "semaphore"
-    return client.semaphore(name, 2)
+KINDS = ["lock", "fair_lock", "write", "read", "semaphore"]
 
 
 def entry_key(kind: str, name: str = "res") -> str:
