@@ -501,7 +501,11 @@ class AsyncLock(SingleHolder):
     # -- acquire -----------------------------------------------------------------------
 
     def acquire(
-        self, *, timeout: float | None = None, lease: float | None = None
+        self,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        max_hold: float | None = None,
     ) -> Coroutine[Any, Any, Lease]:
         """Wait for the lock and return its lease (see ``Acquirable.acquire``).
 
@@ -511,6 +515,8 @@ class AsyncLock(SingleHolder):
         resumption (issue 20 item 8)."""
         # (The checks and the observer inline when no argument is given: the
         # common call, made once per acquisition.)
+        if max_hold is not None:  # (max_hold.py)
+            return super().acquire(timeout=timeout, lease=lease, max_hold=max_hold)
         return self._acquire(
             None if timeout is None else check_timeout(timeout),
             None if lease is None else check_lease(lease),

@@ -1,0 +1,128 @@
+"""``max_hold=seconds``: a hold ends when it is that old, renewed or not."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import aiolock
+from aiolock import Client, LockLostError
+from aiolock.testing import seam
+from tests.core_util import assert_clean
+from tests.servers import RedisServer
+
+#: The max_hold of these tests: short, so a test costs little; every wait
+#: for its end is bounded by it times a large factor (a loaded machine).
+MAX_HOLD = 0.3
+#: The bound of a wait for the end of a hold: what a stalled loop could add.
+BOUND = MAX_HOLD + 20.0
+
+
+@pytest.fixture
+def client_options() -> dict[str, Any]:
+    return {"prefix": "mh"}
+
+
+def lost_event(lease: Any) -> asyncio.Event:
+    lost = asyncio.Event()
+    lease.on_lost(lambda _: lost.set())
+    return lost
+
+
+async def test_max_hold_ends_a_renewed_hold(client: Client, other_client: Client) -> None:
+    lock = client.lock("renewed")
+    losses = client.statistics().losses
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(LockLostError, match="max_hold"):
+        async with lock(max_hold=MAX_HOLD) as lease:
+            assert not lease.lost
+            await asyncio.wait_for(asyncio.Event().wait(), BOUND)  # cancelled at max_hold
+    assert loop.time() - began >= MAX_HOLD - 0.01
+    assert lease.lost and lease.lost_reason is not None and "max_hold" in lease.lost_reason
+    assert client.statistics().losses == losses + 1
+    # Released in Redis at once: another Client takes it well before a lease.
+    other = await other_client.lock("renewed").acquire(timeout=BOUND)
+    await other.release()
+    await assert_clean(client, other_client)
+
+
+async def test_on_lost_runs_and_the_watchdog_stops(client: Client) -> None:
+    lease = await client.lock("cb").acquire(max_hold=MAX_HOLD)
+    lost = lost_event(lease)
+    await asyncio.wait_for(lost.wait(), BOUND)
+    assert "max_hold" in (lease.lost_reason or "")
+    assert seam.watched(client) == []
+    with pytest.raises(aiolock.LockNotOwnedError):
+        await lease.release()
+    assert not await client.lock("cb").is_locked()
+
+
+async def test_fixed_lease_is_cut_to_max_hold(client: Client, server: RedisServer) -> None:
+    lease = await client.lock("fixed").acquire(lease=60.0, max_hold=MAX_HOLD)
+    ttl = int(server.execute("PTTL", "mh:{fixed}"))
+    assert 0 < ttl <= MAX_HOLD * 1000
+    lost = lost_event(lease)
+    await lease.extend(60.0)  # never moves the max_hold end
+    await asyncio.wait_for(lost.wait(), BOUND)
+    assert "max_hold" in (lease.lost_reason or "")
+    # A fixed lease shorter than max_hold ends by its own reason.
+    short = await client.lock("fixed2").acquire(lease=MAX_HOLD, max_hold=60.0)
+    await asyncio.wait_for(lost_event(short).wait(), BOUND)
+    assert "max_hold" not in (short.lost_reason or "")
+
+
+def acquirers(client: Client) -> list[tuple[str, Callable[..., Any]]]:
+    rw = client.rw_lock("rw")
+    sem = client.semaphore("sem", 2)
+    multi = client.multi_lock(client.lock("m1"), client.lock("m2"))
+    return [
+        ("lock", client.lock("l").acquire),
+        ("fair", client.fair_lock("f").acquire),
+        ("read", rw.read.acquire),
+        ("write", client.rw_lock("rw2").write.acquire),
+        ("semaphore", sem.acquire),
+        ("spin", client.spin_lock("s").acquire),
+        ("multi", multi.acquire),
+        ("try", client.lock("t").try_acquire),
+    ]
+
+
+async def test_every_primitive_accepts_max_hold(client: Client) -> None:
+    leases = [await acquire(max_hold=MAX_HOLD) for _, acquire in acquirers(client)]
+    redlock = aiolock.Redlock([client])
+    leases.append(await redlock.lock("red").acquire(max_hold=MAX_HOLD))
+    async with client.semaphore("sem2", 1)(max_hold=60.0) as permit:
+        assert not permit.lost
+    events = [lost_event(lease) for lease in leases]
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), BOUND)
+    for lease in leases:
+        assert "max_hold" in (lease.lost_reason or ""), lease
+    await assert_clean(client)
+
+
+BAD = [
+    (0, aiolock.InvalidArgumentError),
+    (-1.0, aiolock.InvalidArgumentError),
+    (math.inf, aiolock.InvalidArgumentError),
+    (math.nan, aiolock.InvalidArgumentError),
+    ("1", aiolock.InvalidArgumentTypeError),
+    (True, aiolock.InvalidArgumentTypeError),
+]
+
+
+async def test_bad_max_hold_is_refused_before_redis(client: Client, server: RedisServer) -> None:
+    for value, error in BAD:
+        assert issubclass(error, ValueError | TypeError)
+        for _, acquire in acquirers(client):
+            with pytest.raises(error, match="max_hold"):
+                await acquire(max_hold=value)
+        with pytest.raises(error, match="max_hold"):
+            client.lock("c")(max_hold=value)
+        with pytest.raises(error, match="max_hold"):
+            client.semaphore("c", 1)(max_hold=value)
+    assert server.execute("KEYS", "mh:*") == []
