@@ -24,6 +24,7 @@ KINDS: dict[str, Acquire] = {
     "fair_lock": lambda c, n: c.fair_lock(n).acquire(),
     "write_lock": lambda c, n: c.rw_lock(n).write.acquire(),
     "semaphore": lambda c, n: c.semaphore(n, 2).acquire(),
+    "spin_lock": lambda c, n: c.spin_lock(n).acquire(),
 }
 
 
@@ -135,6 +136,12 @@ async def test_malformed_handles_are_refused_before_redis(
     assert not given.lost and await client.lock("m").is_owned()
     with pytest.raises(aiolock.InvalidArgumentError, match="read lock"):
         _ = (await client.rw_lock("r").read.acquire()).handle
+    with pytest.raises(aiolock.InvalidArgumentError, match="redlock"):
+        _ = (await aiolock.Redlock([client]).lock("red").acquire()).handle
+    multi = await client.multi_lock(client.lock("m1"), client.lock("m2")).acquire()
+    with pytest.raises(aiolock.InvalidArgumentError, match="multi-lock"):
+        _ = multi.handle
+    await multi.release()
     await given.release()
 
 
