@@ -34,6 +34,10 @@ def lost_event(lease: Any) -> asyncio.Event:
 
 
 async def test_max_hold_ends_a_renewed_hold(client: Client, other_client: Client) -> None:
+    from tests.test_otel import LOSSES, Otel  # (the test image has the OpenTelemetry SDK)
+
+    otel = Otel()
+    otel.instrument(client)
     lock = client.lock("renewed")
     losses = client.statistics().losses
     loop = asyncio.get_running_loop()
@@ -47,6 +51,7 @@ async def test_max_hold_ends_a_renewed_hold(client: Client, other_client: Client
     assert lease.lost and lease.lost_reason is not None and "max_hold" in lease.lost_reason
     assert lost == [lease]
     assert client.statistics().losses == losses + 1
+    assert otel.value(LOSSES, kind="lock", outcome="max_hold") == 1
     assert seam.watched(client) == []  # no longer renewed
     # Released in Redis at once: another Client takes it well before a lease.
     other = await other_client.lock("renewed").acquire(timeout=BOUND)

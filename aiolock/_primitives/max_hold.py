@@ -13,9 +13,10 @@ The contract:
   callbacks run, an ``async with`` body is cancelled and LockLostError
   (naming ``max_hold``) is raised from the ``async with``; the loss is
   counted (``client.statistics().losses``, the ``aiolock.lease`` WARNING,
-  the OpenTelemetry loss counter). The Client stops renewing it and
-  releases it in Redis at once, so other Clients need not wait out the
-  lease (if the Client is gone, the key expires within one lease anyway).
+  the OpenTelemetry loss counter with its outcome ``max_hold``). The Client
+  stops renewing it and releases it in Redis at once, so other Clients need
+  not wait out the lease (if the Client is gone, the key expires within one
+  lease anyway).
 * **Fixed leases** (``lease=s``): the effective expiry is
   ``min(lease, max_hold)``: the key is written with that TTL, and when it
   runs out the lease is lost with a reason naming ``max_hold`` if max_hold
@@ -41,12 +42,11 @@ from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 from .._core.holds.lease import Hold, Lease
+from .._core.observe.observer import MAX_HOLD_REACHED
 from .._core.validate import check_lease
 
 __all__ = ["MAX_HOLD_REACHED", "arm", "cap_lease", "check_max_hold", "maybe", "with_max_hold"]
 
-#: The start of the reason of a hold that ended at its max_hold.
-MAX_HOLD_REACHED = "max_hold"
 
 T = TypeVar("T")
 
