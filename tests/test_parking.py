@@ -15,7 +15,7 @@ import pytest
 
 from aiolock import ClientClosedError
 from aiolock._core.waiting.parking import Parked, ParkingLot
-from aiolock._primitives.lock import _Turn
+from aiolock._primitives.lock_queue import _Turn
 
 
 async def wait(lot: ParkingLot[Parked], deadline: float | None = None) -> Any:
