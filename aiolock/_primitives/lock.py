@@ -77,6 +77,11 @@ class AsyncLock(SingleHolder):
     * **Restarts:** when a connection to the server is lost, every hold is
       checked as soon as the server answers again; a hold it no longer has
       is lost at once.
+    * **max_hold / handing over:** ``max_hold=`` ends a hold at that age
+      (lost, reason naming max_hold: max_hold.py); ``lease.handle`` and
+      ``client.adopt(handle)`` move the whole hold (re-entries included,
+      same token) to a task of another Client, and this lease reports
+      released (adopt.py).
     """
 
     __slots__ = ("_entry_map", "_wait_channel", "_what")

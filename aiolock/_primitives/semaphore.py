@@ -192,7 +192,11 @@ class Semaphore(Primitive, LockLike[Permit]):
       try, and also for a waiter when N is lowered below what it asks for.
     * **Lost leases:** ``lease.lost`` turns true and ``on_lost`` callbacks
       run; inside ``async with`` the body is cancelled and LockLostError is
-      raised (unless ``on_lost="ignore"``).
+      raised (unless ``on_lost="ignore"``). ``max_hold=`` ends a permit at
+      that age, as a lost lease (max_hold.py).
+    * **Handing over:** ``permit.handle`` and ``client.adopt(handle)`` move
+      one acquisition (its permits, its token, its expiry) to a task of
+      another Client; this permit then reports released (adopt.py).
     * **Cancellation:** an acquire cancelled at any await, even after Redis
       granted it but before the reply was read, leaves no hold, claim or
       waiter behind; a cancelled release still completes.
