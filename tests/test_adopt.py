@@ -73,6 +73,44 @@ async def test_async_with_hands_over_without_loss(client: Client, other_client: 
     assert not await lock.is_locked()
 
 
+async def test_local_handoffs_and_handles(client: Client, other_client: Client) -> None:
+    """A hold passed on locally (cohort: same entry in Redis, the next token)
+    is handed over with its own token; a handle taken before a local handoff
+    goes stale instead of taking the lock from the next local holder."""
+    lock = client.lock("cohort")
+    loop = asyncio.get_running_loop()
+
+    async def next_holder(got: asyncio.Future[Lease], done: asyncio.Event) -> None:
+        got.set_result(await lock.acquire())
+        await done.wait()
+
+    first = await lock.acquire()
+    for step in ("pass", "stale"):
+        got: asyncio.Future[Lease] = loop.create_future()
+        done = asyncio.Event()
+        task = asyncio.ensure_future(next_holder(got, done))
+        await eventually(lambda: lock.statistics().waiting == 1, what="the next holder parked")
+        handle = first.handle if step == "stale" else None
+        await first.release()
+        second = await got
+        if step == "pass":
+            assert second.fencing_token == first.fencing_token + 1  # passed on locally
+            taken = await other_client.adopt(second.handle)
+            assert taken.fencing_token == second.fencing_token
+            await seam.renew_now(client)
+            await eventually(lambda s=second: s.released, what="released")
+            await taken.release()
+            first = await lock.acquire()
+        else:
+            with pytest.raises(LockNotOwnedError):
+                await other_client.adopt(handle)
+            assert await lock.is_locked() and not second.lost
+            await second.release()
+        done.set()
+        await task
+    await assert_clean(client, other_client)
+
+
 async def test_adopted_fixed_lease_keeps_its_expiry(
     client: Client, other_client: Client, server: RedisServer
 ) -> None:

@@ -84,8 +84,8 @@ def _calls(
 ) -> tuple[tuple[Any, ...], Call, Call]:
     """The adopt call's args, its give-back, and the release that follows it
     (a no-op once given back) for an adopt whose reply was lost."""
-    args = (h.holder, h.token, to, lease_ms, HANDED_MS, "adopt")
-    back = (script, keys, (h.holder, h.token, to, 0, 0, "back"))
+    args = (h.holder, h.entry_token, to, lease_ms, HANDED_MS, "adopt")
+    back = (script, keys, (h.holder, h.entry_token, to, 0, 0, "back"))
     return args, back, release
 
 
@@ -156,7 +156,7 @@ async def _adopt_lock(engine: EngineView, lock: AsyncLock, h: Handle) -> Lease:
         release: Call = (
             "release",
             names.free,
-            (owner, h.token, lock._channel, names.wait_prefix, engine.retention_ms),
+            (owner, h.entry_token, lock._channel, names.wait_prefix, engine.retention_ms),
         )
         lease_ms = engine.lease_ms if h.watchdog else 0
         args, back, release = _calls("adopt", keys, h, owner, lease_ms, release)
@@ -165,7 +165,10 @@ async def _adopt_lock(engine: EngineView, lock: AsyncLock, h: Handle) -> Lease:
         state.pass_turn()
         raise
     lease, lease_s = _lease_of(engine, h, left)
-    hold = lock._install(state, task, owner, h.token, lease, lease_s, sent, confirmed)
+    hold = lock._install(state, task, owner, h.entry_token, lease, lease_s, sent, confirmed)
+    # The lease's token, as the giver's (a hold passed on locally keeps its
+    # entry's token in Redis, and its own was reserved by that entry).
+    hold.token = h.token
     hold.reserve = 0  # no fencing token reserved for local handoffs: the next goes to Redis
     return hold.new_lease()
 

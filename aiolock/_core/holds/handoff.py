@@ -71,6 +71,14 @@ class Handle(NamedTuple):
     client: str
     permits: int = 0  # a semaphore permit's count
     default_n: int = 0  # the semaphore's N, as its Client gives it on first use
+    #: The token of the hold's entry in Redis, if not ``token``: a lock passed
+    #: on locally (cohort handoff) keeps the entry of the hold it came from.
+    redis_token: int = 0
+
+    @property
+    def entry_token(self) -> int:
+        """The fencing token the hold's entry in Redis carries."""
+        return self.redis_token or self.token
 
     @property
     def record(self) -> str:
@@ -92,11 +100,13 @@ class _HoldLike(Protocol):
     lease: float
     renew_args: tuple[Any, ...]
     release_args: tuple[Any, ...]
+    reserve: int
     engine: Any
 
 
-# hold -> (its handed key, its record): the holds whose handle was given out.
-_exported: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
+# hold -> (its handed key, its record, its entry's token): the holds whose
+# handle was given out.
+_exported: weakref.WeakKeyDictionary[Any, tuple[str, str, int]] = weakref.WeakKeyDictionary()
 # holds whose "handed or lost?" question is on its way
 _asking: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -112,14 +122,15 @@ def handle_of(hold: _HoldLike) -> str:
     if not isinstance(prefix, str) or not isinstance(client, str):
         raise InvalidArgumentError(f"{kind} {hold.name!r}: this hold cannot be handed over")
     permits = default_n = 0
+    entry_token = hold.token
     if kind == "write_lock":
-        holder = str(hold.renew_args[1])
+        holder, entry_token = str(hold.renew_args[1]), int(hold.renew_args[2])
     elif kind == "semaphore":
         holder = str(hold.renew_args[0])
         permits = int(holder.split("|", 1)[0])
         default_n = int(hold.release_args[1])
     else:
-        holder = str(hold.renew_args[0])
+        holder, entry_token = str(hold.renew_args[0]), int(hold.renew_args[1])
     handle = Handle(
         kind,
         prefix,
@@ -131,8 +142,13 @@ def handle_of(hold: _HoldLike) -> str:
         client,
         permits,
         default_n,
+        entry_token if entry_token != hold.token else 0,
     )
-    _exported[hold] = (handed_key(prefix, hold.name), handle.record)
+    # No more local handoffs of this entry without a round trip (cohort
+    # passes reuse it): a later holder's entry changes in Redis, so this
+    # handle goes stale instead of taking the hold from that holder.
+    hold.reserve = 0
+    _exported[hold] = (handed_key(prefix, hold.name), handle.record, entry_token)
     body = {
         "v": VERSION,
         "k": handle.kind,
@@ -146,6 +162,8 @@ def handle_of(hold: _HoldLike) -> str:
     }
     if permits:
         body["s"], body["N"] = permits, default_n
+    if handle.redis_token:
+        body["r"] = handle.redis_token
     raw = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
@@ -173,7 +191,7 @@ def decode(handle: object) -> Handle:
         raise bad(f"not version {VERSION}")
     kind, prefix, name, holder = body.get("k"), body.get("p"), body.get("n"), body.get("h")
     token, watchdog, lease, client = body.get("t"), body.get("w"), body.get("l"), body.get("c")
-    permits, default_n = body.get("s", 0), body.get("N", 0)
+    permits, default_n, redis_token = body.get("s", 0), body.get("N", 0), body.get("r", 0)
     if kind not in ADOPTABLE:
         raise bad(f"kind {kind!r}")
     for what, value in (("prefix", prefix), ("name", name), ("holder", holder), ("client", client)):
@@ -194,12 +212,24 @@ def decode(handle: object) -> Handle:
         raise bad("bad permits")
     if isinstance(default_n, bool) or not isinstance(default_n, int) or default_n < 0:
         raise bad("bad permits")
+    if isinstance(redis_token, bool) or not isinstance(redis_token, int) or redis_token < 0:
+        raise bad("bad entry token")
     if kind == "semaphore" and not (permits and default_n):
         raise bad("no permits")
     assert isinstance(prefix, str) and isinstance(name, str)
     assert isinstance(holder, str) and isinstance(client, str)
     return Handle(
-        kind, prefix, name, holder, token, watchdog, float(lease), client, permits, default_n
+        kind,
+        prefix,
+        name,
+        holder,
+        token,
+        watchdog,
+        float(lease),
+        client,
+        permits,
+        default_n,
+        redis_token,
     )
 
 
@@ -221,9 +251,9 @@ async def released_or_lost(hold: Any) -> bool:
     if entry is None:
         return False
     engine: _Asker = hold.engine
-    key, record = entry
+    key, record, token = entry
     try:
-        return int(await engine.eval("handed", (key,), (record, hold.token))) == 1
+        return int(await engine.eval("handed", (key,), (record, token))) == 1
     except Exception as exc:  # (unknown: lost, as a hold nobody can confirm)
         log.debug("%s %r: could not ask whether it was handed over: %r", hold.kind, hold.name, exc)
         return False
