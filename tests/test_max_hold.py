@@ -12,7 +12,7 @@ import pytest
 import aiolock
 from aiolock import Client, LockLostError
 from aiolock.testing import seam
-from tests.core_util import assert_clean
+from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
 
 #: The max_hold of these tests: short, so a test costs little; every wait
@@ -122,3 +122,16 @@ async def test_bad_max_hold_is_refused_before_redis(client: Client, server: Redi
         with pytest.raises(error, match="max_hold"):
             client.semaphore("c", 1)(max_hold=value)
     assert server.execute("KEYS", "mh:*") == []
+
+
+async def test_max_hold_of_a_handed_hold_is_not_a_loss(
+    client: Client, other_client: Client
+) -> None:
+    given = await client.lock("handed").acquire(max_hold=MAX_HOLD)
+    losses = client.statistics().losses
+    taken = await other_client.adopt(given.handle)
+    # At its max_hold the giver asks first: handed over, so released, not lost.
+    await eventually(lambda: given.released, what="released at max_hold", timeout=BOUND)
+    assert not given.lost and client.statistics().losses == losses
+    assert await other_client.lock("handed").is_owned() and not taken.lost
+    await taken.release()

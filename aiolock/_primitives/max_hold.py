@@ -41,6 +41,7 @@ import weakref
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
+from .._core.holds.handoff import exported, released_or_lost
 from .._core.holds.lease import Hold, Lease
 from .._core.observe.observer import MAX_HOLD_REACHED
 from .._core.validate import check_lease
@@ -134,10 +135,30 @@ def _arm_hold(hold: Hold, max_hold: float, fixed: float | None) -> None:
 
 def _reached(hold: Hold, max_hold: float) -> None:
     """The hold is ``max_hold`` old: lost (counted, reported), then released in
-    Redis at once (best effort: a failure leaves it to expire)."""
+    Redis at once (best effort: a failure leaves it to expire). A hold whose
+    handle was given out may have been adopted meanwhile: asked first."""
     _ends.pop(hold, None)
     if hold.lost or not hold.leases or hold.releasing is not None:
         return  # released (or being released), lost, or handed over meanwhile
+    if exported(hold):
+        hold.engine.untrack(hold)
+
+        async def ask() -> None:
+            if await released_or_lost(hold):
+                hold.handed_over()
+            else:
+                _end(hold, max_hold)
+
+        spawn = getattr(hold.engine, "spawn", None)
+        if spawn is not None:
+            spawn(ask())
+            return
+    _end(hold, max_hold)
+
+
+def _end(hold: Hold, max_hold: float) -> None:
+    if hold.lost or not hold.leases or hold.releasing is not None:
+        return
     hold.mark_lost(f"{MAX_HOLD_REACHED} ({max_hold:g} s) reached: the hold is not renewed past it")
     try:
         hold.engine.release_hold(hold)
