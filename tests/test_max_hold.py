@@ -94,6 +94,12 @@ async def test_every_primitive_accepts_max_hold(client: Client) -> None:
     leases.append(await redlock.lock("red").acquire(max_hold=MAX_HOLD))
     async with client.semaphore("sem2", 1)(max_hold=60.0) as permit:
         assert not permit.lost
+
+    @client.fair_lock("deco")(max_hold=60.0)
+    async def decorated() -> int:
+        return 7
+
+    assert await decorated() == 7
     events = [lost_event(lease) for lease in leases]
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), BOUND)
     for lease in leases:
