@@ -30,8 +30,9 @@ The contract:
   InvalidArgumentTypeError / InvalidArgumentError at the call, before any
   round trip.
 
-The end is a timer on the Client's loop (no cost per renewal); its entry is
-kept per hold in a weak map, so a hold released early costs nothing more.
+The end is a timer on the Client's loop (no cost per renewal), kept per hold
+in a weak map and cancelled when the hold ends, so a hold released early
+keeps nothing alive until its max_hold.
 """
 
 from __future__ import annotations
@@ -130,6 +131,20 @@ def _arm_hold(hold: Hold, max_hold: float, fixed: float | None) -> None:
         if hold.timer is not None:
             hold.timer.cancel()
             hold.timer = None
+    if known is None:
+        # The timer goes when the hold ends: a hold released early keeps
+        # nothing alive until its max_hold (a local handoff moves this to
+        # the next hold, whose end then only drops the entry, if still there).
+        prev = hold.on_detach
+
+        def ended(ending: Hold) -> None:
+            entry = _ends.pop(hold, None)
+            if entry is not None:
+                entry[1].cancel()
+            if prev is not None:
+                prev(ending)
+
+        hold.on_detach = ended
     _ends[hold] = (end, loop.call_at(end, _reached, hold, max_hold))
 
 
