@@ -56,6 +56,9 @@ from ._core.errors import WrongTypeError as WrongTypeError
 from ._core.holds.lease import Lease as Lease
 from ._core.options import LockStatistics as LockStatistics
 from ._core.waiting.notify import Backoff as Backoff
+from ._primitives.election import Election as Election
+from ._primitives.election import Leader as Leader
+from ._primitives.election import Term as Term
 from ._primitives.fair import FairLock as FairLock
 from ._primitives.latch import Latch as Latch
 from ._primitives.lock import AsyncLock as AsyncLock
@@ -79,10 +82,12 @@ __all__ = [
     "ClientClosedError",
     "ClientStatistics",
     "ConnectionFailedError",
+    "Election",
     "FairLock",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
     "Latch",
+    "Leader",
     "Lease",
     "LockLostError",
     "LockNotOwnedError",
@@ -101,6 +106,7 @@ __all__ = [
     "ServerRefusedError",
     "ServerUnavailableError",
     "SpinLock",
+    "Term",
     "UnsupportedServerError",
     "WriteLock",
     "WrongEventLoopError",

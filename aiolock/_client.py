@@ -24,10 +24,11 @@ from ._core.engine import Engine
 from ._core.errors import InvalidArgumentError, InvalidArgumentTypeError, sentence
 from ._core.holds.lease import Lease
 from ._core.observe.observer import LockLabel
-from ._core.options import ClientStatistics, Notify, check_options, check_sentinels
+from ._core.options import ClientStatistics, Notify, Scripting, check_options, check_sentinels
 from ._core.protocol.keys import main_key
 from ._core.waiting.notify import Backoff
 from ._primitives.adopt import adopt
+from ._primitives.election import Election
 from ._primitives.fair import FairLock
 from ._primitives.latch import Latch
 from ._primitives.lock import AsyncLock
@@ -70,6 +71,17 @@ class Client:
       from a lock name to a label from a bounded set (or None), the only way
       lock names reach metric attributes (``order:<id>`` names must not
       explode cardinality); without it no name is recorded.
+    * ``scripting``: how aiolock runs its Lua scripts. ``"eval"``: the server's
+      script cache (each connection loads a script with its first run). ``"functions"``:
+      one Redis Functions library (Redis 7.0+, Valkey 7.2+) named after
+      aiolock's version and its text, loaded once per server (per master)
+      when a call finds it missing, never replaced or deleted; a user that
+      may not ``FUNCTION LOAD`` gets ``ServerRefusedError`` (NOPERM) naming
+      ``aiolock functions load --url ...``, for an operator to run once.
+      ``"auto"`` (the default): the script cache, and Functions from the
+      first time the ACL refuses running or loading a cached script (that
+      call did not run; it is sent again as an FCALL). A server without Functions raises
+      ``UnsupportedServerError`` at the first call that needs them.
 
     A Client is bound to the event loop it first runs on, and started on
     first use or by ``async with``. ``aclose()`` is idempotent. On close,
@@ -93,6 +105,7 @@ class Client:
         wait_aof: bool = False,
         telemetry: bool = True,
         lock_label: LockLabel | None = None,
+        scripting: Scripting = "auto",
     ) -> None:
         options = check_options(
             redis,
@@ -106,6 +119,7 @@ class Client:
             wait_aof=wait_aof,
             telemetry=telemetry,
             lock_label=lock_label,
+            scripting=scripting,
         )
         self._engine = Engine(redis, options, cluster=None, cluster_client=None)
 
@@ -124,6 +138,7 @@ class Client:
         wait_aof: bool = False,
         telemetry: bool = True,
         lock_label: LockLabel | None = None,
+        scripting: Scripting = "auto",
         cluster: bool | None = None,
     ) -> Client:
         """A Client with its own connections to ``url`` (``redis://``, ``rediss://``, ``unix://``).
@@ -173,6 +188,7 @@ class Client:
             wait_aof=wait_aof,
             telemetry=telemetry,
             lock_label=lock_label,
+            scripting=scripting,
         )
         client = cls.__new__(cls)
         client._engine = Engine(
@@ -200,6 +216,7 @@ class Client:
         wait_aof: bool = False,
         telemetry: bool = True,
         lock_label: LockLabel | None = None,
+        scripting: Scripting = "auto",
         username: str | None = None,
         password: str | None = None,
         db: int = 0,
@@ -290,6 +307,7 @@ class Client:
             wait_aof=wait_aof,
             telemetry=telemetry,
             lock_label=lock_label,
+            scripting=scripting,
         )
         client = cls.__new__(cls)
         client._engine = Engine(redis, options, cluster=False, cluster_client=None)
@@ -342,6 +360,11 @@ class Client:
         InvalidArgumentError (a ValueError), before any round trip. See
         ``aiolock/_primitives/adopt.py`` and the README ("Handing a hold over")."""
         return await adopt(self._engine, handle)
+
+    def election(self, name: str) -> Election:
+        """Leader election over a lock of its own kind (see :class:`aiolock.Election`)."""
+
+        return Election(self._engine, name)
 
     # -- options -------------------------------------------------------------------------
 

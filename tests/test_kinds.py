@@ -61,6 +61,10 @@ HOLD: dict[str, tuple[Take, Take]] = {
         lambda c, n: Redlock([c]).lock(n).acquire(),
         lambda c, n: Redlock([c]).lock(n).acquire(),
     ),
+    "election": (
+        lambda c, n: c.election(n).campaign("leader"),
+        lambda c, n: c.election(n).campaign("candidate"),
+    ),
 }
 
 

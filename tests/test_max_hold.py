@@ -11,6 +11,7 @@ import pytest
 
 import aiolock
 from aiolock import Client, LockLostError
+from aiolock._primitives import max_hold as max_hold_module
 from aiolock.testing import seam
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer
@@ -60,14 +61,19 @@ async def test_max_hold_ends_a_renewed_hold(client: Client, other_client: Client
 
 
 async def test_fixed_lease_is_cut_to_max_hold(client: Client, server: RedisServer) -> None:
-    lease = await client.lock("fixed").acquire(lease=60.0, max_hold=MAX_HOLD)
-    ttl = int(server.execute("PTTL", "mh:{fixed}"))
-    assert 0 < ttl <= MAX_HOLD * 1000
-    await lease.extend(60.0)  # never moves the max_hold end
-    # A fixed lease shorter than max_hold ends by its own reason.
+    # The key's TTL is min(lease, max_hold), and extend() does not move the end.
+    long = await client.lock("fixed1").acquire(lease=60.0, max_hold=30.0)
+    assert 0 < int(server.execute("PTTL", "mh:{fixed1}")) <= 30_000
+    end = max_hold_module._ends[long._hold][0]
+    await long.extend(60.0)
+    assert max_hold_module._ends[long._hold][0] == end and long._hold.timer is None
+    await long.release()
+    # Cut to max_hold, it ends with a reason naming max_hold...
+    cut = await client.lock("fixed").acquire(lease=60.0, max_hold=MAX_HOLD)
+    # ... and a fixed lease shorter than max_hold by its own reason.
     short = await client.lock("fixed2").acquire(lease=MAX_HOLD, max_hold=60.0)
-    await asyncio.wait_for(lost_event(lease).wait(), BOUND)
-    assert "max_hold" in (lease.lost_reason or "")
+    await asyncio.wait_for(lost_event(cut).wait(), BOUND)
+    assert "max_hold" in (cut.lost_reason or "")
     await asyncio.wait_for(lost_event(short).wait(), BOUND)
     assert "max_hold" not in (short.lost_reason or "")
 
@@ -133,11 +139,15 @@ async def test_bad_max_hold_is_refused_before_redis(client: Client, server: Redi
 async def test_max_hold_of_a_handed_hold_is_not_a_loss(
     client: Client, other_client: Client
 ) -> None:
-    given = await client.lock("handed").acquire(max_hold=MAX_HOLD)
+    lock = client.lock("handed")
+    given = await lock.acquire()
     losses = client.statistics().losses
     taken = await other_client.adopt(given.handle)
-    # At its max_hold the giver asks first: handed over, so released, not lost.
-    await eventually(lambda: given.released, what="released at max_hold", timeout=BOUND)
-    assert not given.lost and client.statistics().losses == losses
+    # A re-entry with a max_hold, armed after the handoff (the giver has not
+    # learned yet): at its end the giver asks first, finds the hold handed
+    # over, and reports released, not lost.
+    again = await lock.acquire(max_hold=MAX_HOLD)
+    await eventually(lambda: again.released, what="released at max_hold", timeout=BOUND)
+    assert given.released and not given.lost and client.statistics().losses == losses
     assert await other_client.lock("handed").is_owned() and not taken.lost
     await taken.release()

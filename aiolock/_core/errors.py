@@ -108,8 +108,11 @@ class UnsupportedServerError(AiolockError):
     ``redis.asyncio.RedisCluster``, or use ``Client.from_url(url)``. Or a
     mode that does not match the server: ``cluster=False`` on a cluster node
     (a MOVED or ASK reply; its ``__cause__`` is that reply), ``cluster=True``
-    on a standalone server. The message says which, and what to do. Nothing
-    was changed in Redis.
+    on a standalone server. Or Redis Functions asked for (``scripting=
+    "functions"``, or ``"auto"`` where the ACL forbids EVAL) on a server
+    without them (before Redis 7.0: FCALL is an unknown command; raised at
+    the first call that needs them). The message says which, and what to do.
+    Nothing was changed in Redis.
     """
 
 
