@@ -55,6 +55,7 @@ REFUSED = {
     "read_lock": "a read hold is one of many shared ones",
     "redlock": "a Redlock hold lives on several masters",
     "multi_lock": "a multi-lock is several holds",
+    "election": "a term is resigned, never handed over",
 }
 
 
@@ -116,7 +117,7 @@ def handle_of(hold: _HoldLike) -> str:
     kind = hold.kind
     if kind not in ADOPTABLE:
         why = REFUSED.get(kind, "its holds have no single owner")
-        raise InvalidArgumentError(f"a {kind.replace('_', ' ')} cannot be handed over: {why}")
+        raise InvalidArgumentError(f"{kind.replace('_', ' ')} holds cannot be handed over: {why}")
     prefix = getattr(hold.engine, "prefix", None)
     client = getattr(hold.engine, "id", None)
     if not isinstance(prefix, str) or not isinstance(client, str):
