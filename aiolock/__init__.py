@@ -50,6 +50,8 @@ from ._core.errors import LockUpgradeError as LockUpgradeError
 from ._core.errors import ReplicationError as ReplicationError
 from ._core.errors import ServerRefusedError as ServerRefusedError
 from ._core.errors import ServerUnavailableError as ServerUnavailableError
+from ._core.errors import SharedCallError as SharedCallError
+from ._core.errors import UnshareableResultError as UnshareableResultError
 from ._core.errors import UnsupportedServerError as UnsupportedServerError
 from ._core.errors import WrongEventLoopError as WrongEventLoopError
 from ._core.errors import WrongTypeError as WrongTypeError
@@ -69,6 +71,9 @@ from ._primitives.rwlock import ReadWriteLock as ReadWriteLock
 from ._primitives.rwlock import WriteLock as WriteLock
 from ._primitives.semaphore import Permit as Permit
 from ._primitives.semaphore import Semaphore as Semaphore
+from ._primitives.singleflight import JSONSerializer as JSONSerializer
+from ._primitives.singleflight import Serializer as Serializer
+from ._primitives.singleflight import Singleflight as Singleflight
 from ._primitives.spin import SpinLock as SpinLock
 from ._redlock import Redlock as Redlock
 from ._redlock import RedlockLock as RedlockLock
@@ -86,6 +91,7 @@ __all__ = [
     "FairLock",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
+    "JSONSerializer",
     "Latch",
     "Leader",
     "Lease",
@@ -103,10 +109,14 @@ __all__ = [
     "RedlockLock",
     "ReplicationError",
     "Semaphore",
+    "Serializer",
     "ServerRefusedError",
     "ServerUnavailableError",
+    "SharedCallError",
+    "Singleflight",
     "SpinLock",
     "Term",
+    "UnshareableResultError",
     "UnsupportedServerError",
     "WriteLock",
     "WrongEventLoopError",

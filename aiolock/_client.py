@@ -27,6 +27,7 @@ from ._core.observe.observer import LockLabel
 from ._core.options import ClientStatistics, Notify, Scripting, check_options, check_sentinels
 from ._core.protocol.keys import main_key
 from ._core.waiting.notify import Backoff
+from ._primitives import fenced
 from ._primitives.adopt import adopt
 from ._primitives.election import Election
 from ._primitives.fair import FairLock
@@ -35,6 +36,7 @@ from ._primitives.lock import AsyncLock
 from ._primitives.multi import MultiLock
 from ._primitives.rwlock import ReadWriteLock
 from ._primitives.semaphore import Semaphore
+from ._primitives.singleflight import DEFAULT_MAX_SIZE, Serializer, Singleflight
 from ._primitives.spin import SpinLock
 
 __all__ = ["Client", "ClientStatistics", "Notify", "engine_of"]
@@ -361,10 +363,63 @@ class Client:
         ``aiolock/_primitives/adopt.py`` and the README ("Handing a hold over")."""
         return await adopt(self._engine, handle)
 
+    def singleflight(
+        self,
+        name: str,
+        *,
+        ttl: float = 0.0,
+        serializer: Serializer | None = None,
+        max_size: int = DEFAULT_MAX_SIZE,
+    ) -> Singleflight:
+        """Concurrent calls of ``name``, in any process, run a function once:
+        ``await sf.run(fn, ...)`` or ``@client.singleflight(name)`` (see Singleflight)."""
+
+        return Singleflight(self._engine, name, ttl=ttl, serializer=serializer, max_size=max_size)
+
     def election(self, name: str) -> Election:
         """Leader election over a lock of its own kind (see :class:`aiolock.Election`)."""
 
         return Election(self._engine, name)
+
+    # -- fenced writes -------------------------------------------------------------------
+
+    async def fenced_set(
+        self, key: str | bytes, value: str | bytes, token: int, *, ttl: float | None = None
+    ) -> bool:
+        """Write ``value`` at ``key`` unless a newer fencing token wrote there; True if written.
+
+        The resource side of fencing, for data kept in Redis: pass the
+        ``lease.fencing_token`` of the lock that guards ``key``. The write
+        happens only if ``token`` is not lower than the newest token ``key``
+        has accepted (equal is accepted: the same holder writing again, or a
+        retry); a lower token changes nothing and returns False. Compare and
+        write are one script: atomic, on one cluster node.
+
+        * The value is a plain string at ``key`` (read it with ``GET``); the
+          newest accepted token is kept at ``fence_key(key)``, in the same
+          cluster slot. Writers of one key must use one Client ``prefix`` and
+          tokens of one lock name (tokens of two names are not comparable).
+        * ``ttl``: seconds the value lives (``SET ... PX``); None: no expiry.
+          The fence gets the same TTL at every accepted write, so it lives as
+          long as the value. A value deleted by other means (``DEL``) leaves
+          its fence, which goes on refusing older tokens until deleted too.
+        * Bad arguments (``key`` not a non-empty str/bytes, ``value`` not
+          str/bytes, ``token`` not an int from 0 to 2**63 - 1, a bad ``ttl``)
+          raise ``InvalidArgumentTypeError`` / ``InvalidArgumentError`` before
+          any round trip. Either key holding another type of value:
+          ``WrongTypeError``, nothing written.
+        * Cancelled while the script is on the wire: it may have written or
+          not (all or nothing). Calling again with the same token is safe.
+        * With ``replicas=N`` the write is not waited for on replicas (only
+          acquisitions are): a failover may lose it, as any unacknowledged
+          write.
+        """
+        return await fenced.fenced_set(self._engine, key, value, token, ttl)
+
+    def fence_key(self, key: str | bytes) -> str | bytes:
+        """The key where ``fenced_set`` keeps ``key``'s newest accepted token
+        (``<prefix>:fenced:{<tag of key's slot>}:<key>``; no I/O)."""
+        return fenced.fence_key(self._engine.prefix, fenced.check_key(key))
 
     # -- options -------------------------------------------------------------------------
 

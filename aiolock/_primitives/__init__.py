@@ -18,6 +18,7 @@ from . import (
     redlock_kind,
     rwlock_kind,
     semaphore_kind,
+    singleflight_kind,
 )
 
 __all__ = ["KINDS"]
@@ -29,5 +30,6 @@ KINDS = Registry(
     semaphore_kind.KIND,
     latch_kind.KIND,
     redlock_kind.KIND,
+    singleflight_kind.KIND,
     election_kind.KIND,
 )
