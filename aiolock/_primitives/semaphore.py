@@ -32,6 +32,7 @@ from .base import (
     current_task,
 )
 from .compete import compete
+from .max_hold import cap_lease, check_max_hold, maybe
 from .stats import describe_holders, lock_statistics
 
 if TYPE_CHECKING:
@@ -131,14 +132,15 @@ class SemaphoreContext(LockContext[Permit]):
         timeout: float | None,
         lease: float | None,
         on_lost: OnLost,
+        max_hold: float | None = None,
     ) -> None:
-        super().__init__(sem, timeout, lease, on_lost)
+        super().__init__(sem, timeout, lease, on_lost, max_hold)
         self._sem = sem
         self._permits = permits
 
     async def __aenter__(self) -> Permit:
         return await self._sem._enter_permits(
-            self._permits, self._timeout, self._lease, self._on_lost
+            self._permits, self._timeout, self._lease, self._on_lost, self._max_hold
         )
 
     async def __aexit__(
@@ -190,7 +192,11 @@ class Semaphore(Primitive, LockLike[Permit]):
       try, and also for a waiter when N is lowered below what it asks for.
     * **Lost leases:** ``lease.lost`` turns true and ``on_lost`` callbacks
       run; inside ``async with`` the body is cancelled and LockLostError is
-      raised (unless ``on_lost="ignore"``).
+      raised (unless ``on_lost="ignore"``). ``max_hold=`` ends a permit at
+      that age, as a lost lease (max_hold.py).
+    * **Handing over:** ``permit.handle`` and ``client.adopt(handle)`` move
+      one acquisition (its permits, its token, its expiry) to a task of
+      another Client; this permit then reports released (adopt.py).
     * **Cancellation:** an acquire cancelled at any await, even after Redis
       granted it but before the reply was read, leaves no hold, claim or
       waiter behind; a cancelled release still completes.
@@ -231,21 +237,48 @@ class Semaphore(Primitive, LockLike[Permit]):
     # -- acquire ------------------------------------------------------------------------
 
     async def acquire(
-        self, permits: int = 1, *, timeout: float | None = None, lease: float | None = None
+        self,
+        permits: int = 1,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        max_hold: float | None = None,
     ) -> Permit:
         """Wait for ``permits`` permits and return a :class:`Permit` that holds them.
 
         ``timeout``: seconds to wait at most (None: for ever); raises
         LockTimeoutError (a TimeoutError) when it runs out. ``lease``: a
         fixed lease in seconds with no renewal (None: the watchdog renews it).
+        ``max_hold``: the permit is lost (and given back) when it is that old
+        (see max_hold.py).
         """
-        checked = check_permits(permits), check_timeout(timeout), check_lease(lease)
-        return await observed(
-            self._engine.observer, self.kind, self.name, self._acquire_permits, *checked
+        n, checked_timeout, checked_lease = (
+            check_permits(permits),
+            check_timeout(timeout),
+            check_lease(lease),
+        )
+        limit = check_max_hold(max_hold)
+        return await maybe(
+            observed(
+                self._engine.observer,
+                self.kind,
+                self.name,
+                self._acquire_permits,
+                n,
+                checked_timeout,
+                cap_lease(checked_lease, limit),
+            ),
+            limit,
+            checked_lease,
         )
 
     async def try_acquire(
-        self, permits: int = 1, *, wait: float = 0.0, lease: float | None = None
+        self,
+        permits: int = 1,
+        *,
+        wait: float = 0.0,
+        lease: float | None = None,
+        max_hold: float | None = None,
     ) -> Permit | None:
         """Acquire if possible within ``wait`` seconds (default: one try, no waiting).
 
@@ -254,14 +287,19 @@ class Semaphore(Primitive, LockLike[Permit]):
         checked = check_permits(permits)
         checked_wait = check_timeout(wait, "wait")
         checked_lease = check_lease(lease)
+        limit = check_max_hold(max_hold)
         try:
-            return await observed(
-                self._engine.observer,
-                self.kind,
-                self.name,
-                self._acquire_permits,
-                checked,
-                checked_wait,
+            return await maybe(
+                observed(
+                    self._engine.observer,
+                    self.kind,
+                    self.name,
+                    self._acquire_permits,
+                    checked,
+                    checked_wait,
+                    cap_lease(checked_lease, limit),
+                ),
+                limit,
                 checked_lease,
             )
         except TimeoutError:
@@ -393,6 +431,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         timeout: float | None = None,
         lease: float | None = None,
         on_lost: OnLost = "cancel",
+        max_hold: float | None = None,
     ) -> SemaphoreContext: ...
 
     def __call__(
@@ -404,6 +443,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         timeout: float | None = None,
         lease: float | None = None,
         on_lost: OnLost = "cancel",
+        max_hold: float | None = None,
     ) -> Callable[P, Coroutine[Any, Any, R]] | SemaphoreContext:
         """``async with sem(permits=2, timeout=..., lease=..., on_lost=...)``; ``@sem(...)``."""
         context = SemaphoreContext(
@@ -412,17 +452,33 @@ class Semaphore(Primitive, LockLike[Permit]):
             check_timeout(timeout),
             check_lease(lease),
             check_on_lost(on_lost),
+            check_max_hold(max_hold),
         )
         if fn is None:
             return context
         return context(fn)
 
     async def _enter_permits(
-        self, permits: int, timeout: float | None, lease: float | None, on_lost: OnLost
+        self,
+        permits: int,
+        timeout: float | None,
+        lease: float | None,
+        on_lost: OnLost,
+        max_hold: float | None = None,
     ) -> Permit:
         observer = self._engine.observer
-        got = await observed(
-            observer, self.kind, self.name, self._acquire_permits, permits, timeout, lease
+        got = await maybe(
+            observed(
+                observer,
+                self.kind,
+                self.name,
+                self._acquire_permits,
+                permits,
+                timeout,
+                cap_lease(lease, max_hold),
+            ),
+            max_hold,
+            lease,
         )
         task = current_task()
         entry = Entry(got, task, on_lost)
