@@ -12,6 +12,7 @@ library's key naming (``aiolock._core.protocol.keys``) to show and clean up the 
   server, starting an embedded one for the duration if none is reachable.
 * ``aiolock ls | inspect | top | force-release``: what is held, by whom, who
   waits; evict a holder (ops.py).
+* ``aiolock doctor``: check a deployment against what aiolock needs (doctor.py).
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     from aiolock.cli.ops import add_arguments as add_ops_arguments
 
     add_ops_arguments(sub)
+    from aiolock.cli.doctor import add_arguments as add_doctor_arguments
+
+    add_doctor_arguments(sub)
     return parser
 
 
@@ -90,6 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from aiolock.cli.ops import run as run_ops
 
             return run_ops(args)
+        if args.command == "doctor":
+            from aiolock.cli.doctor import run as run_doctor
+
+            return run_doctor(args)
     except BrokenPipeError:  # e.g. `aiolock demo | head`: not an error of ours
         sys.stdout = open(os.devnull, "w")  # silence the flush at exit
         return 1
