@@ -34,6 +34,7 @@ from aiolock.cli.doctor_checks import (
     latency_check,
     memory_check,
     merge,
+    replicas_check,
     script_commands,
     verdict,
 )
@@ -326,6 +327,10 @@ def test_judgement_edges() -> None:
     assert memory_check(_facts(**{"maxmemory-policy": "allkeys-random"})).status == "fail"
     limited = _facts(**{"maxmemory-policy": "volatile-lru", "maxmemory": "1000"})
     assert memory_check(limited).status == "fail"
+    replica = _facts()
+    replica.info = Reply("ok", {"role": "slave", "connected_slaves": 0})
+    assert replicas_check(replica).status == "fail"
+    assert "replica" in replicas_check(replica).detail
     # the median, not the worst PING (2 ms), against lease fractions of 1% and 10%
     assert latency_check(_facts(), Settings(1.0, False, False)).status == "ok"
     assert latency_check(_facts(), Settings(0.1, False, False)).status == "warn"

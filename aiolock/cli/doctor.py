@@ -315,6 +315,8 @@ def run(args: argparse.Namespace) -> int:
         checks, statement = arun(lambda: _examine(args, target), target)
     except OpsError as exc:
         checks, statement = [Check("connect", "fail", str(exc).removeprefix("aiolock: "))], ""
+    except KeyboardInterrupt:
+        return 130
     result = verdict(checks)
     if args.json:
         doc = {"checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in checks]}

@@ -448,7 +448,8 @@ def replicas_check(facts: NodeFacts) -> Check:
         return Check(
             "replicas",
             "fail",
-            f"this server is a {info.get('role')}: aiolock needs the master (writes are refused)",
+            f"this server is a replica (role:{info.get('role')}): aiolock needs the master "
+            "(a replica refuses every acquire, READONLY)",
         )
     count = int(info.get("connected_slaves", 0))
     offset = int(info.get("master_repl_offset", 0))
