@@ -25,18 +25,20 @@ import aiolock
 from aiolock.cli import main
 from aiolock.cli.doctor import DEFAULT_LEASE
 from aiolock.cli.doctor_checks import (
-    _SAMPLE_ARGS,
+    latency_check,
+    memory_check,
+    merge,
+    replicas_check,
+    verdict,
+)
+from aiolock.cli.doctor_facts import (
+    SAMPLE_ARGS,
     Check,
     NodeFacts,
     Reply,
     Settings,
     acl_probes,
-    latency_check,
-    memory_check,
-    merge,
-    replicas_check,
     script_commands,
-    verdict,
 )
 from tests.core_util import eventually
 from tests.servers import ServerProcess, find_free_port
@@ -298,7 +300,7 @@ def test_every_command_aiolock_sends_is_asked_about() -> None:
     """The scripts' commands each have sample arguments (ACL DRYRUN checks the
     arity), and every command named for the Python side is named in the
     library's code (a literal it sends, or redis-py's call it documents)."""
-    assert script_commands() <= set(_SAMPLE_ARGS), script_commands() - set(_SAMPLE_ARGS)
+    assert script_commands() <= set(SAMPLE_ARGS), script_commands() - set(SAMPLE_ARGS)
     assert {"HSET", "PEXPIRE", "PUBLISH", "TIME"} <= script_commands()
     root = Path(aiolock.__file__).parent
     code = "\n".join(

@@ -9,7 +9,7 @@ does (``SCRIPT LOAD`` and ``EVALSHA`` of a one-line script on a key under the
 prefix, a script that publishes on a channel under it, ``FCALL``, ``WAIT 0
 0``). It writes no key: the probes leave two one-line scripts in the script
 cache and publish one empty message on ``<prefix>:{aiolock-doctor}:ch``.
-The judgement is ``doctor_checks``'s.
+What it reads is ``doctor_facts``'s vocabulary, the judgement ``doctor_checks``'s.
 
 Output: one line per check (``ok   name  detail``), then what the deployment
 promises; ``--json``: ``{"checks": [{"name", "status", "detail"}],
@@ -32,20 +32,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, RedisError, ResponseError
 
-from aiolock.cli.doctor_checks import (
+from aiolock._core.errors import clause
+from aiolock.cli.doctor_checks import merge, node_checks, promise, sentinel_check, verdict
+from aiolock.cli.doctor_facts import (
     Check,
     NodeFacts,
     Reply,
     SentinelFacts,
     Settings,
     acl_probes,
-    merge,
-    node_checks,
-    promise,
-    sentinel_check,
-    verdict,
 )
 from aiolock.cli.ops_connect import OpsError, Server, Target, arun, connection_options
 
@@ -252,8 +249,8 @@ async def _read_sentinels(
         try:
             try:
                 master = await _ask(_command(conn, "SENTINEL", "get-master-addr-by-name", service))
-            except (ConnectionError, TimeoutError, OSError) as exc:
-                lost = Reply("error", detail=f"cannot connect: {exc}")
+            except (RedisError, OSError) as exc:  # (ResponseError: _ask's)
+                lost = Reply("error", detail=f"cannot connect: {clause(exc)}")
                 out.append(SentinelFacts(f"{host}:{port}", lost, lost, lost))
                 continue
             if master.ok and not master.value:
@@ -270,14 +267,15 @@ async def _read_sentinels(
     return out
 
 
-async def _examine(args: argparse.Namespace, target: Target) -> tuple[list[Check], str]:
-    checks: list[Check] = []
+async def _examine(args: argparse.Namespace, target: Target, checks: list[Check]) -> str:
+    """Append the checks to ``checks`` (kept if connecting then fails); the promise."""
     if args.sentinel:
         sentinels = await _read_sentinels(target, args.sentinel, args.service)
         named = next((s.master.value for s in sentinels if s.master.ok), None)
         if named is None:
             why = "; ".join(f"{s.address}: {s.master.detail}" for s in sentinels)
-            return [Check("sentinel", "fail", f"no Sentinel named the master ({why})")], ""
+            checks.append(Check("sentinel", "fail", f"no Sentinel named the master ({why})"))
+            return ""
         target = replace(target, url=target.node_url(*named), cluster=False)
         checks.append(sentinel_check(sentinels, f"{named[0]}:{named[1]}"))
     server = await Server.open(target)
@@ -297,8 +295,8 @@ async def _examine(args: argparse.Namespace, target: Target) -> tuple[list[Check
     finally:
         await server.aclose()
     per_node = {f.address: node_checks(f, settings) for f in facts}
-    checks[len(checks) :] = merge(per_node)
-    return checks, promise(checks, facts, settings)
+    checks.extend(merge(per_node))
+    return promise(checks, facts, settings)
 
 
 # --------------------------------------------------------------------------- command
@@ -311,10 +309,12 @@ def run(args: argparse.Namespace) -> int:
     except OpsError as exc:
         print(str(exc), file=sys.stderr)
         return exc.code
+    checks: list[Check] = []
     try:
-        checks, statement = arun(lambda: _examine(args, target), target)
+        statement = arun(lambda: _examine(args, target, checks), target)
     except OpsError as exc:
-        checks, statement = [Check("connect", "fail", str(exc).removeprefix("aiolock: "))], ""
+        checks.append(Check("connect", "fail", str(exc).removeprefix("aiolock: ")))
+        statement = ""
     except KeyboardInterrupt:
         return 130
     result = verdict(checks)
