@@ -33,7 +33,7 @@ from redis.crc import key_slot
 
 from aiolock import Client, LockNotOwnedError, LockTimeoutError
 from aiolock._core.protocol.scripts import load_scripts
-from aiolock._core.topology.cluster import ShardedListener
+from aiolock._core.topology.sharded import ShardedListener
 from aiolock._core.waiting.listener import Listener
 from aiolock.testing import seam
 from tests.cluster_servers import ClusterProcess

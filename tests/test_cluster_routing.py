@@ -40,7 +40,8 @@ from aiolock._core.engine import Engine
 from aiolock._core.errors import ServerRefusedError, ServerUnavailableError
 from aiolock._core.protocol.runner import Program
 from aiolock._core.protocol.scripts import Script
-from aiolock._core.topology.cluster import ClusterMux, check_version, server_version
+from aiolock._core.topology.cluster import check_version, server_version
+from aiolock._core.topology.mux import ClusterMux
 from tests.cluster_servers import ClusterNode, ClusterProcess
 from tests.servers import LOOPBACK
 

@@ -95,11 +95,12 @@ def test_a_server_that_cannot_serve_yet_is_transient(
     """LOADING, BUSY, MASTERDOWN, TRYAGAIN replies (as the reply parser hands
     them over) are ServerUnavailableError, a ConnectionFailedError: retried as
     an outage, never a refusal. (A real LOADING: test_restart.py.)"""
-    from aiolock._core.transport.connection import DID_NOT_RUN, _error
+    from aiolock._core.transport.connection import DID_NOT_RUN
+    from aiolock._core.transport.resp import reply_error
 
     ReplyError = redis.exceptions.ResponseError  # what either reply parser hands over
 
-    error = _error(ReplyError(reply))
+    error = reply_error(ReplyError(reply))
     assert isinstance(error, ServerUnavailableError) and isinstance(error, ConnectionFailedError)
     assert not isinstance(error, ServerRefusedError)
     assert error.code == code and isinstance(error, DID_NOT_RUN)
@@ -109,7 +110,7 @@ def test_a_server_that_cannot_serve_yet_is_transient(
     loading = _errors.from_redis(redis.exceptions.BusyLoadingError("Redis is loading"))
     assert isinstance(loading, ServerUnavailableError) and loading.code == "LOADING"
     # A code inside a script's error is not the command turned away: a refusal.
-    wrapped = _error(ReplyError(f"ERR user_script:1: {reply} script: abc"))
+    wrapped = reply_error(ReplyError(f"ERR user_script:1: {reply} script: abc"))
     assert type(wrapped) is ServerRefusedError
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import hiredis
 
-import aiolock._core.transport.connection
-import aiolock._core.waiting.listener
+import aiolock._core.transport.resp
+import aiolock._core.waiting.wire
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,5 +44,5 @@ def test_import_without_hiredis_fails_and_says_what_to_install() -> None:
 
 
 def test_connections_parse_with_hiredis() -> None:
-    assert aiolock._core.transport.connection.hiredis is hiredis
-    assert aiolock._core.waiting.listener.hiredis is hiredis
+    assert aiolock._core.transport.resp.hiredis is hiredis
+    assert aiolock._core.waiting.wire.hiredis is hiredis

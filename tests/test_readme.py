@@ -103,7 +103,8 @@ def test_every_example_is_linked_and_exists() -> None:
 
 
 def test_the_cluster_section_states_what_the_code_does() -> None:
-    from aiolock._core.topology.cluster import MAX_REDIRECTS, MIN_VERSION
+    from aiolock._core.topology.cluster import MIN_VERSION
+    from aiolock._core.topology.mux import MAX_REDIRECTS
 
     text = section("Cluster")
     assert f"at most {MAX_REDIRECTS} times" in text

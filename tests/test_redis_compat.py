@@ -28,7 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from aiolock import ServerRefusedError
 from aiolock._core.errors import from_redis
 from aiolock._core.transport import redis_compat
-from aiolock._core.transport.connection import pack
+from aiolock._core.transport.resp import pack
 from tests.servers import RedisServer, ServerKind, ServerProcess, binary_for
 
 REDIS_PY = f"redis-py {redis.__version__}"

@@ -10,8 +10,13 @@ and track this hold, undo this acquire, wait on this channel, keep this
 local state, spawn this background work: see "the primitives' interface"
 below) and nothing else; ``Client`` is the public facade that creates it.
 
-This module wires the parts and routes by key; the parts live beside it:
+This module wires the parts; the parts live beside it:
 
+* commands.py: ``Commands``, a base class of the Engine: a command routed
+  to the lane that serves its key (``_route``, ``call``), the deployment
+  settled on first use (``_settle``), the scripts run through the runner
+  (``eval``, ``submit_script``, ``send_script``, ``retry``, ``clean_up``),
+  background work (``spawn``);
 * holds/lifecycle.py: ``Holds``, the hold life cycle (``new_hold``, ``track``,
   ``release_hold``, ``release_failed``, ``release_finished``,
   ``extend_hold``, ``renew_batch``, ``run_callback``), bound onto the Engine
@@ -44,14 +49,14 @@ import asyncio
 import logging
 import math
 import secrets
-from collections.abc import Callable, Coroutine, Hashable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
+from .commands import Commands
 from .errors import (
-    TRANSIENT,
     ClientClosedError,
     WrongEventLoopError,
     asyncio_required,
@@ -67,15 +72,15 @@ from .options import ClientStatistics, Notify, Options
 from .outage import Outage
 from .owner import task_serial
 from .protocol.runner import ScriptRunner
-from .protocol.scripts import Script
-from .topology.cluster import ShardedListener, Topology
-from .topology.deployment import Capabilities, Deployment, deployment_for
-from .transport.connection import Lane, Orphan
+from .topology.deployment import Deployment, deployment_for
+from .topology.sharded import ShardedListener
+from .transport.connection import Lane
 from .transport.redis_compat import ConnectionFactory, connection_factory
 from .transport.replication import Acknowledgement
 from .validate import to_ms
 from .view import EngineView
-from .waiting.listener import Channel, Listener
+from .waiting.channel import Channel
+from .waiting.listener import Listener
 from .waiting.notify import ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Waiter
 
 __all__ = ["Call", "ClientStatistics", "Engine", "Notify", "Undo"]
@@ -100,7 +105,7 @@ def _no_connection() -> Any:
     raise AssertionError("aiolock: a cluster-mode Client connects to the cluster's nodes only")
 
 
-class Engine:
+class Engine(Commands):
     """The engine of one Client: connections, listener, watchdog, scripts, holds.
 
     Made by ``Client`` with its checked ``Options``. Bound to the event
@@ -411,183 +416,11 @@ class Engine:
         if self.states.get(key) is state:
             del self.states[key]
 
-    # -- Redis, routed by key ------------------------------------------------------------------
-
-    def _route(self, key: Any) -> Lane:
-        """The command lane that serves ``key``: standalone, the one command
-        connection; in cluster mode the ``ClusterMux``, which sends each
-        command to the master of its key's slot (cluster.py).
-
-        The only place that picks a connection for a primitive's command.
-        """
-        return self.mux
-
-    def shard(self, key: Any) -> Hashable:
-        """Which server serves ``key``: in cluster mode the name (``host:port``)
-        of the master of its slot by the current slot map (None while no
-        master serves it), standalone None (one server). Calls of keys of one
-        shard may share a batch (the watchdog's renewals)."""
-        return self.deployment.shard(key)
-
-    async def call(self, key: Any, *command: Any) -> Any:
-        """Send a plain command about ``key`` (its first argument after the name)
-        and return the reply, e.g. ``call(key, b"PTTL", key)``."""
-        if not self._settled:
-            await self._settle()
-        return await self._route(key).call(*command)
-
-    # -- the deployment: standalone, Sentinel or Cluster ---------------------------------------
-
-    @property
-    def cluster(self) -> bool | None:
-        """True in cluster mode, False standalone, None until the first use finds out."""
-        return self.deployment.cluster
-
-    @property
-    def topology(self) -> Topology | None:
-        """The cluster's slot map (cluster mode, once discovered), else None."""
-        return self.deployment.topology
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """What the server(s) can do, as the deployment describes it."""
-        return self.deployment.capabilities
-
-    async def is_cluster(self) -> bool:
-        """True in cluster mode, False standalone; on first use it finds out
-        (as the first command does: see ``_settle``). Sends nothing once known."""
-        if not self._settled:
-            await self._settle()
-        return bool(self.deployment.cluster)
-
-    async def _settle(self) -> None:
-        """Settle the deployment (find out the mode, discover the cluster,
-        start watching the Sentinels), once: every command waits for it on
-        first use. Fails like a command if the server cannot be reached; the
-        next command tries again."""
-        task = self._settling
-        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-            task = self._settling = asyncio.get_running_loop().create_task(
-                self._set_mode(), name="aiolock-settle"
-            )
-        await asyncio.shield(task)
+    # -- Redis, routed by key: the Engine's Commands (commands.py) -----------------------------
 
     async def _set_mode(self) -> None:
         self.deployment = await self.deployment.settle(self)
         self._settled = True
-
-    # -- scripts (the runner, runner.py) ------------------------------------------------------
-
-    @property
-    def scripts(self) -> dict[str, Script]:
-        """The Client's scripts by name (their text and SHA1: the runner's)."""
-        return self.runner.scripts
-
-    @scripts.setter
-    def scripts(self, scripts: dict[str, Script]) -> None:
-        self.runner.use(scripts)
-
-    def submit_script(
-        self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...]
-    ) -> asyncio.Future[Any]:
-        """Send a script for ``keys[0]`` now; the future gets its reply."""
-        if not self._settled:
-            return asyncio.ensure_future(self.eval(name, keys, args))
-        return self.runner.submit(name, keys, args)
-
-    def send_script(
-        self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...], callback: Orphan
-    ) -> None:
-        """Send a script for ``keys[0]``; ``callback(reply, error)`` runs from the reply's parse.
-
-        It must not raise: an exception is logged, and the callback is given
-        no second call. (A script the server lost is loaded and sent again
-        once by the runner first.)
-        """
-
-        def guarded(reply: Any, error: BaseException | None) -> None:
-            try:
-                callback(reply, error)
-            except Exception:
-                log.exception("reply handler of the script %r failed", name)
-
-        if not self._settled:  # (only before the first command: see _settle)
-            fut = asyncio.ensure_future(self.eval(name, keys, args))
-            fut.add_done_callback(
-                lambda f: (
-                    guarded(None, f.exception())
-                    if f.exception() is not None
-                    else guarded(f.result(), None)
-                )
-            )
-            return
-        self.runner.send(name, keys, args, callback)  # (it logs a handler's exception)
-
-    def eval(
-        self,
-        name: str,
-        keys: tuple[Any, ...],
-        args: tuple[Any, ...],
-        orphan: Any = None,
-        mux: Lane | None = None,
-    ) -> Coroutine[Any, Any, Any]:
-        """Run a script for ``keys[0]`` (``ScriptRunner.eval``: a script the
-        server lost is loaded and run again once); await it for the reply.
-        ``orphan(reply, error)`` runs if the caller gives up before the reply
-        (see ``undo``); ``mux`` is the watchdog's own lane.
-
-        Every acquisition passes here with its ``orphan``: with ``replicas`` (or
-        ``wait_aof``) it runs on the acknowledged lane (replication.py) and
-        returns only once the replicas acknowledged it; else it was undone by
-        ``orphan`` and ReplicationError is raised.
-
-        (Once the mode is known, the runner's own coroutine: no frame more on
-        every acquire.)
-        """
-        if not self._settled:
-            return self._settle_then_eval(name, keys, args, orphan, mux)
-        return self.runner.eval(name, keys, args, orphan, mux)
-
-    async def _settle_then_eval(
-        self,
-        name: str,
-        keys: tuple[Any, ...],
-        args: tuple[Any, ...],
-        orphan: Any,
-        mux: Lane | None,
-    ) -> Any:
-        await self._settle()
-        return await self.runner.eval(name, keys, args, orphan, mux)
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.background.add(task)
-        task.add_done_callback(self._background_done)
-        return task
-
-    def _background_done(self, task: asyncio.Task[Any]) -> None:
-        self.background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("background task %s failed: %r", task.get_name(), task.exception())
-
-    async def retry(
-        self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...], attempts: int = 5
-    ) -> Any:
-        """Run an idempotent script, retrying transient errors with backoff."""
-        delay = 0.05
-        for attempt in range(attempts):
-            try:
-                return await self.eval(name, keys, args)
-            except TRANSIENT:
-                if attempt == attempts - 1 or self.closed:
-                    raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
-        raise AssertionError("unreachable")
-
-    def clean_up(self, name: str, keys: tuple[Any, ...], args: tuple[Any, ...]) -> None:
-        """Run an idempotent clean-up script in the background (``retry``, spawned)."""
-        self.spawn(self.retry(name, keys, args))
 
     def undo(
         self,

@@ -15,12 +15,14 @@ count). The owner words both lines; the helper only decides when.
     run = outage.ended()              # None unless a run was under way
     if run is not None:
         log.info("... back after %.1f s; %d attempts failed", run.seconds, run.failures)
+    # (or, for that line: outage.ended_logged(log, "... back after %.1f s; %d attempts failed"))
 
 Times are ``time.monotonic()``: no event loop is needed.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import NamedTuple
 
@@ -81,4 +83,12 @@ class Outage:
         self.started = None
         self.failures = 0
         self.noted = 0
+        return run
+
+    def ended_logged(self, log: logging.Logger, message: str) -> Run | None:
+        """``ended()``, and the owner's INFO line if a run ended: ``message`` is
+        formatted with the run's seconds, then its failures (``%.1f`` ... ``%d``)."""
+        run = self.ended()
+        if run is not None:
+            log.info(message, run.seconds, run.failures)
         return run

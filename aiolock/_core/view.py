@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from .observe.observer import Observer
     from .options import Notify
     from .outage import Outage
-    from .waiting.listener import Channel
+    from .waiting.channel import Channel
     from .waiting.notify import Backoff, Waiter
 
 __all__ = ["EngineView", "Evictions"]

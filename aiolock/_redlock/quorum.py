@@ -3,7 +3,7 @@
 ``QuorumEngine`` offers the interfaces the shared machinery already uses of
 an ``Engine``, each answered by a majority of the masters:
 
-* ``Contender`` (``compete`` in _primitives/base.py): ``loop``, ``closed``,
+* ``Contender`` (``compete`` in _primitives/compete.py): ``loop``, ``closed``,
   ``lease``, ``command_timeout``, ``unreachable``;
 * ``HoldEngine`` (_core/holds/lease.py: ``Hold`` and ``Lease``): ``release_hold``,
   ``extend_hold``, ``untrack``, ``run_callback``, ``check_usable``,
@@ -38,7 +38,7 @@ from .._core.errors import (
 from .._core.holds.evict import FORCE_RELEASED
 from .._core.holds.lease import Hold, Lease, LostCallback
 from .._core.holds.watchdog import Watchdog
-from .._core.observe.observer import CLIENT_CLOSED, FIXED_LEASE_EXPIRED, Observer
+from .._core.observe.observer import CLIENT_CLOSED, Observer
 from .._core.outage import Outage
 from .._core.protocol.keys import lost_prefix
 from .._primitives.base import current_task
@@ -213,8 +213,7 @@ class QuorumEngine:
             outcome.set_result(code)
 
     async def extend_hold(self, hold: Hold, seconds: float) -> None:
-        loop = asyncio.get_running_loop()
-        sent = loop.time()
+        sent = asyncio.get_running_loop().time()
         why = "the hold was gone on a majority of masters when extended"
         result = await self._renew(hold.renew_script, [hold], seconds, why)
         if result[0] == 0:
@@ -222,12 +221,7 @@ class QuorumEngine:
         if isinstance(result[0], BaseException):
             # Too few answered to know: the hold stands until its validity ends.
             raise result[0]
-        new_expiry = sent + self.validity(seconds)
-        if new_expiry > hold.expires_at:
-            hold.expires_at = new_expiry
-            if hold.timer is not None:
-                hold.timer.cancel()
-                hold.timer = loop.call_at(new_expiry, hold.gone, FIXED_LEASE_EXPIRED)
+        hold.extended(sent + self.validity(seconds))
 
     # -- Renewer (Watchdog) ----------------------------------------------------------------
 

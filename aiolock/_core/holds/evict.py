@@ -42,7 +42,8 @@ from typing import Any, Protocol
 
 from ..protocol.keys import lost_prefix
 from ..protocol.slots import slot_of
-from ..waiting.listener import WAKE_ALL, Channel, Listener, Subscriber
+from ..waiting.channel import WAKE_ALL, Channel, Subscriber
+from ..waiting.listener import Listener
 from .lease import Hold
 from .watchdog import Watchdog
 

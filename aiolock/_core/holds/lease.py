@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from ..errors import LockNotOwnedError
 from ..futures import Outcome
-from ..observe.observer import Observer
+from ..observe.observer import FIXED_LEASE_EXPIRED, Observer
 from ..validate import check_seconds
 
 __all__ = ["Hold", "HoldEngine", "Lease", "LostCallback"]
@@ -205,6 +205,18 @@ class Hold:
 
     def renewed(self, sent: float, lease: float) -> None:
         self.expires_at = max(self.expires_at, sent + lease)
+
+    def extended(self, expiry: float) -> None:
+        """An extension (``Lease.extend``) made the hold last until ``expiry``
+        (loop time) at least: a later expiry is kept, and a fixed lease's timer
+        moves there. (An earlier one changes nothing.)"""
+        if expiry > self.expires_at:
+            self.expires_at = expiry
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = asyncio.get_running_loop().call_at(
+                    expiry, self.gone, FIXED_LEASE_EXPIRED
+                )
 
     def gone(self, reason: str) -> None:
         """Redis (a renewal, an extend, a check) or the clock says the hold is

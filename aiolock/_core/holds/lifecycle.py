@@ -280,8 +280,7 @@ class Holds:
 
     async def extend_hold(self, hold: Hold, seconds: float) -> None:
         """Make ``hold`` last at least ``seconds`` from now (``Lease.extend``)."""
-        loop = asyncio.get_running_loop()
-        sent = loop.time()
+        sent = asyncio.get_running_loop().time()
         ms = to_ms(seconds)
         keys, args = (hold.renew_key,), (ms, *hold.renew_args)
         if self.engine.ack is None:
@@ -295,12 +294,7 @@ class Holds:
         if int(reply[0]) != 1:
             hold.gone("the hold was gone when extended")
             raise LockNotOwnedError(f"{hold.name!r}: the hold was gone when extended")
-        new_expiry = sent + seconds
-        if new_expiry > hold.expires_at:
-            hold.expires_at = new_expiry
-            if hold.timer is not None:
-                hold.timer.cancel()
-                hold.timer = loop.call_at(new_expiry, hold.gone, FIXED_LEASE_EXPIRED)
+        hold.extended(sent + seconds)
 
     def renew_batch(
         self, script: str, items: Sequence[Any], lease: float

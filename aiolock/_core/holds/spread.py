@@ -41,7 +41,8 @@ from typing import Any, Protocol
 
 from ..protocol.scripts import NODE, node_call
 from ..protocol.slots import slot_of
-from ..topology.cluster import ClusterMux, Topology
+from ..topology.cluster import Topology
+from ..topology.mux import ClusterMux
 from ..transport.connection import Lane
 
 __all__ = ["SpreadEngine", "renew_spread", "slot_trouble"]

@@ -191,27 +191,16 @@ class Instruments:
         self.hold_time = _histogram(
             meter, HOLD, "Time a lock was held, from its grant to its release or loss"
         )
-        meter.create_observable_counter(
-            ACQUISITIONS,
-            [self.observer("acquisitions")],
-            unit="{acquisition}",
-            description="Acquisitions, by outcome: acquired, timed_out, cancelled, failed",
-        )
-        meter.create_observable_counter(
-            LOSSES, [self.observer("losses")], unit="{lease}", description="Leases lost while held"
-        )
-        meter.create_observable_up_down_counter(
-            HOLDS,
-            [self.observer("holds")],
-            unit="{hold}",
-            description="Locks held by this process right now",
-        )
-        meter.create_observable_up_down_counter(
-            WAITERS,
-            [self.observer("waiters")],
-            unit="{task}",
-            description="Tasks waiting (parked) for a lock right now",
-        )
+        # Counters (they never go down) and up-down counters (right now).
+        counter, up_down = meter.create_observable_counter, meter.create_observable_up_down_counter
+        acquisitions = "Acquisitions, by outcome: acquired, timed_out, cancelled, failed"
+        for create, name, field, unit, description in (
+            (counter, ACQUISITIONS, "acquisitions", "{acquisition}", acquisitions),
+            (counter, LOSSES, "losses", "{lease}", "Leases lost while held"),
+            (up_down, HOLDS, "holds", "{hold}", "Locks held by this process right now"),
+            (up_down, WAITERS, "waiters", "{task}", "Tasks waiting (parked) for a lock right now"),
+        ):
+            create(name, [self.observer(field)], unit=unit, description=description)
 
     def register(self, owner: object) -> Counts:
         counts = Counts()

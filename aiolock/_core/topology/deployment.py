@@ -50,8 +50,10 @@ from ..transport.redis_compat import ConnectionFactory, SentinelService, sentine
 from ..transport.replication import AckedConnection, Acknowledgement, acked_node
 from ..waiting.listener import Listener
 from ..waiting.notify import SignalHub
-from .cluster import ClusterMux, ShardedListener, Topology, check_versions
+from .cluster import Topology
+from .mux import ClusterMux, check_versions
 from .sentinel import SentinelWatch
+from .sharded import ShardedListener
 
 __all__ = [
     "Capabilities",
@@ -254,7 +256,7 @@ class Sentinel(Deployment):
 
 
 class Cluster(Deployment):
-    """A Redis Cluster: keys routed to their slot's master (cluster.py)."""
+    """A Redis Cluster: keys routed to their slot's master (mux.py)."""
 
     name = "cluster"
     capabilities = Capabilities(sharded=True)

@@ -39,24 +39,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from redis.exceptions import (
-    BusyLoadingError,
-    MasterDownError,
-    ResponseError,
-    TryAgainError,
-)
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 from ..capabilities import STANDALONE, Capabilities
 from ..errors import (
     ClientClosedError,
     ConnectionFailedError,
-    MasterChangedError,
     ServerRefusedError,
     ServerUnavailableError,
     UnsupportedServerError,
@@ -65,10 +58,19 @@ from ..errors import (
 from ..futures import stop
 from ..outage import Outage
 from .dialer import Dialer, Link
-from .hiredis import hiredis
 from .redis_compat import ConnectionFactory
+from .resp import ReplyProtocol, pack
 
-__all__ = ["DID_NOT_RUN", "CommandConnection", "ConnectionFactory", "Lane", "Loadable", "Orphan"]
+# (pack is resp.py's, re-exported here.)
+__all__ = [
+    "DID_NOT_RUN",
+    "CommandConnection",
+    "ConnectionFactory",
+    "Lane",
+    "Loadable",
+    "Orphan",
+    "pack",
+]
 
 #: The errors that say a command did not run (an error reply, a refusal):
 #: an orphaned acquire that failed with one of these needs no undo.
@@ -76,14 +78,6 @@ DID_NOT_RUN = (ServerRefusedError, ServerUnavailableError, UnsupportedServerErro
 
 #: Where command, renewal and BLPOP connections log their outages (see Dialer).
 conn_log = logging.getLogger("aiolock.connection")
-
-# redis-py's class for an error reply, by its code (as redis-py's parser picks
-# it); the reply's full text is kept as the message.
-_REPLY_CLASSES: dict[str, type[ResponseError] | type[BusyLoadingError]] = {
-    "LOADING": BusyLoadingError,
-    "MASTERDOWN": MasterDownError,
-    "TRYAGAIN": TryAgainError,
-}
 
 
 #: Receives the reply (or the error) of a command whose caller stopped waiting.
@@ -238,7 +232,7 @@ class CommandConnection(SafeCalls):
         # is dropped, so that the next one asks the Sentinels for the master.
         # on_reset: called when an established connection is lost (not on
         # close): the server behind the next one may have lost every key.
-        # redirects: a cluster node's lane (cluster.py follows MOVED and ASK);
+        # redirects: a cluster node's lane (topology/mux.py follows MOVED and ASK);
         # standalone, a MOVED or ASK reply means the server is a cluster node
         # this Client was told is not one: UnsupportedServerError.
         self.redirects = redirects
@@ -427,8 +421,8 @@ class CommandConnection(SafeCalls):
             self._write(link, args, script, reload, before)
             self._queued(fut, orphan)
 
-    def _reply_protocol(self, link: Link) -> _ReplyProtocol:
-        return _ReplyProtocol(self, link)
+    def _reply_protocol(self, link: Link) -> ReplyProtocol:
+        return ReplyProtocol(self, link)
 
     def _deliver(self, reply: Any, error: BaseException | None) -> None:
         """Hand one reply to the oldest pending command."""
@@ -523,113 +517,3 @@ def _fail(
             orphan(None, error)
     elif not fut.done():
         fut.set_exception(error)
-
-
-#: hiredis' C encoder (hiredis 2.1+), for long commands: a watchdog batch of
-#: 2,000 holds (6,000 arguments) costs 0.4 ms instead of 1.2 ms of one loop turn.
-_PACK_COMMAND = getattr(hiredis, "pack_command", None)
-_LONG = 64
-
-
-def pack(args: tuple[Any, ...]) -> bytes:
-    """RESP-encode one command (bytes, str, int and float arguments)."""
-    if len(args) > _LONG and _PACK_COMMAND is not None:
-        try:
-            return _PACK_COMMAND(args)  # type: ignore[no-any-return]
-        except TypeError:
-            pass  # an argument of another type: refused below, with its name
-    parts = [b"*%d\r\n" % len(args)]
-    append = parts.append
-    for arg in args:
-        kind = type(arg)
-        if kind is bytes:
-            data = arg
-        elif kind is str:
-            data = arg.encode()
-        elif kind is int:
-            data = b"%d" % arg
-        elif isinstance(arg, bytes | str | int | float) and not isinstance(arg, bool):
-            data = arg if isinstance(arg, bytes) else str(arg).encode()  # subclasses, floats
-        else:
-            raise TypeError(f"cannot send {type(arg).__name__} to Redis: {arg!r}")
-        append(b"$%d\r\n" % len(data))
-        append(data)
-        append(b"\r\n")
-    return b"".join(parts)
-
-
-#: A replica's refusal of a write: the reply's code, or inside a script's
-#: error ("ERR Error running script ...: -READONLY You can't write...").
-_READONLY = re.compile(r"(?:^|-)READONLY\b")
-
-
-def _error(
-    reply: Exception, redirects: bool = True, capabilities: Capabilities = STANDALONE
-) -> Exception:
-    """The exception for an error reply: ServerUnavailableError for a server that cannot serve for a
-    while (LOADING, BUSY, MASTERDOWN, TRYAGAIN: retried like an outage; MOVED,
-    ASK, CLUSTERDOWN: followed by a cluster lane), else a ServerRefusedError
-    (WrongTypeError); caused by redis-py's exception. Without ``redirects`` (a
-    standalone connection), MOVED or ASK is an UnsupportedServerError: the
-    server is a cluster node, and retrying would never reach the key's node."""
-    message = str(reply)
-    if capabilities.follows_master and _READONLY.search(message):
-        changed = MasterChangedError(f"{message} (the server was made a replica)")
-        failed = from_redis(changed)
-        failed.__cause__ = changed
-        return failed
-    if not redirects and message.startswith(("MOVED ", "ASK ")):
-        error: Exception = UnsupportedServerError(
-            f"this server is a Redis Cluster node: it answered {message!r} (the key is "
-            "served by another node), and this Client runs in standalone mode "
-            "(cluster=False). Use cluster=True or None (Client.from_url(url) finds out "
-            "by itself), or pass a redis.asyncio.RedisCluster. The command did not run"
-        )
-        error.__cause__ = ResponseError(message)
-        return error
-    cls = _REPLY_CLASSES.get(message.split(" ", 1)[0], ResponseError)
-    cause = cls(message)
-    error = from_redis(cause)
-    error.__cause__ = cause
-    return error
-
-
-class _ReplyProtocol(asyncio.Protocol):
-    """Parses replies with hiredis as bytes arrive; each resolves one future."""
-
-    def __init__(self, owner: CommandConnection, link: Link) -> None:
-        self._owner = owner
-        self._link = link
-        self._parser = hiredis.Reader()
-
-    def data_received(self, data: bytes) -> None:
-        parser = self._parser
-        parser.feed(data)
-        owner = self._owner
-        while True:
-            try:
-                reply = parser.gets()
-            except Exception as exc:  # a protocol error: the stream is unusable
-                owner._drop(RedisConnectionError(f"bad reply from Redis: {exc}"), self._link)
-                return
-            if reply is False:
-                return
-            if isinstance(reply, hiredis.ReplyError):
-                error = _error(reply, owner.redirects, owner.capabilities)
-                owner._deliver(None, error)
-                if isinstance(error, ServerUnavailableError) and error.code == "READONLY":
-                    # A demoted master: the rest of its replies are not wanted
-                    # (their commands fail as on a lost connection), and the
-                    # next connect asks the Sentinels for the master.
-                    owner._drop(RedisConnectionError(str(reply)), self._link)
-                    return
-            else:
-                owner._deliver(reply, None)
-
-    def eof_received(self) -> bool | None:
-        self._owner._drop(RedisConnectionError("Redis closed the connection"), self._link)
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        reason = f"connection to Redis lost: {exc}" if exc else "connection to Redis closed"
-        self._owner._drop(RedisConnectionError(reason), self._link)

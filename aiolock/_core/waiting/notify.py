@@ -41,7 +41,7 @@ from ..outage import Outage
 from ..transport.connection import CommandConnection
 from ..transport.redis_compat import ConnectionFactory
 from ..validate import check_seconds
-from .listener import Channel, Subscriber
+from .channel import Channel, Subscriber
 
 __all__ = ["Backoff", "ListWaiter", "PollWaiter", "PubSubWaiter", "SignalHub", "Waiter"]
 
@@ -250,13 +250,9 @@ class SignalHub:
                         dialer = conn.dialer
                     continue
                 dialer.proven()
-                run = self._refused.ended()
-                if run is not None:
-                    log.info(
-                        "BLPOP answered again after %.1f s; it failed %d times",
-                        run.seconds,
-                        run.failures,
-                    )
+                self._refused.ended_logged(
+                    log, "BLPOP answered again after %.1f s; it failed %d times"
+                )
                 if reply:
                     channel.wake(reply[1])
         finally:
