@@ -266,6 +266,19 @@ def test_plain_output_and_usage(url: str, capsys: pytest.CaptureFixture[str]) ->
     assert exited.value.code == 2
 
 
+async def test_redis_6_2(_server_pool: Any, doctor: Doctor) -> None:
+    """The oldest server aiolock supports: what 7.0 added is missing (FUNCTION,
+    ACL DRYRUN: "could not check"), said without a failure."""
+    server = _server_pool.get("redis-6.2")
+    code, doc = await doctor(server.url)
+    checks = by_name(doc)
+    assert checks["server"]["status"] == "ok" and "Redis 6.2" in checks["server"]["detail"]
+    assert checks["functions"]["detail"].startswith("not available")
+    assert checks["sharded-pubsub"]["status"] == "ok"  # not needed on one server
+    assert checks["acl"]["status"] == "warn" and "could not check" in checks["acl"]["detail"]
+    assert (code, doc["verdict"]) == (0, "warn"), doc
+
+
 # A topology's reading is the same code on both backends, and its servers are
 # costly to start: these two run with one backend (the session's shared ones).
 

@@ -92,7 +92,7 @@ def server_check(facts: NodeFacts) -> Check:
         return Check("server", "warn", _refusal("INFO server", facts.info))
     info = facts.info.value
     version = str(info.get("redis_version", "?"))
-    redis_major = _version({"redis_version": version})[0]
+    redis = _version({"redis_version": version})  # (Valkey reports a Redis version too)
     if info.get("server_name") == "valkey" or "valkey_version" in info:
         kind = f"Valkey {info.get('valkey_version', version)}"
     elif "dragonfly_version" in info:
@@ -101,16 +101,16 @@ def server_check(facts: NodeFacts) -> Check:
     else:
         kind = f"Redis {version}"
     mode = str(info.get("redis_mode", "standalone"))
-    if redis_major >= 7:
+    if redis >= (7,):
         return Check("server", "ok", f"{kind} ({mode})")
-    if redis_major >= 6:
+    if redis >= (6, 2):
         return Check(
             "server",
-            "warn",
-            f"{kind} ({mode}): works standalone; Functions, sharded pub/sub (a cluster) "
-            "and ACL DRYRUN need 7.0 or newer",
+            "ok",
+            f"{kind} ({mode}): no Functions, no sharded pub/sub (a cluster needs 7.0), "
+            "no ACL DRYRUN",
         )
-    return Check("server", "fail", f"{kind} ({mode}): aiolock needs Redis 6.2 or newer (LPOS)")
+    return Check("server", "fail", f"{kind} ({mode}): aiolock needs Redis 6.2 or newer")
 
 
 def scripts_check(facts: NodeFacts, libraries: list[str]) -> Check:
