@@ -71,7 +71,7 @@ class NodeFacts:
     address: str
     #: ``INFO`` (server, memory, persistence, replication, cluster), merged.
     info: Reply
-    #: ``CONFIG GET`` of the parameters below; ``refused`` on a managed service.
+    #: ``CONFIG GET *``; ``refused`` on a managed service (then INFO is read instead).
     config: Reply
     pings_ms: list[float]
     script_load: Reply  # SCRIPT LOAD of a one-line probe
