@@ -71,7 +71,7 @@ class NodeFacts:
     address: str
     #: ``INFO`` (server, memory, persistence, replication, cluster), merged.
     info: Reply
-    #: ``CONFIG GET *``; ``refused`` on a managed service (then INFO is read instead).
+    #: ``CONFIG GET *``; ``refused`` on a managed service (the policy then comes from INFO).
     config: Reply
     pings_ms: list[float]
     script_load: Reply  # SCRIPT LOAD of a one-line probe
