@@ -50,12 +50,17 @@ from ._core.errors import LockUpgradeError as LockUpgradeError
 from ._core.errors import ReplicationError as ReplicationError
 from ._core.errors import ServerRefusedError as ServerRefusedError
 from ._core.errors import ServerUnavailableError as ServerUnavailableError
+from ._core.errors import SharedCallError as SharedCallError
+from ._core.errors import UnshareableResultError as UnshareableResultError
 from ._core.errors import UnsupportedServerError as UnsupportedServerError
 from ._core.errors import WrongEventLoopError as WrongEventLoopError
 from ._core.errors import WrongTypeError as WrongTypeError
 from ._core.holds.lease import Lease as Lease
 from ._core.options import LockStatistics as LockStatistics
 from ._core.waiting.notify import Backoff as Backoff
+from ._primitives.election import Election as Election
+from ._primitives.election import Leader as Leader
+from ._primitives.election import Term as Term
 from ._primitives.fair import FairLock as FairLock
 from ._primitives.latch import Latch as Latch
 from ._primitives.lock import AsyncLock as AsyncLock
@@ -66,6 +71,9 @@ from ._primitives.rwlock import ReadWriteLock as ReadWriteLock
 from ._primitives.rwlock import WriteLock as WriteLock
 from ._primitives.semaphore import Permit as Permit
 from ._primitives.semaphore import Semaphore as Semaphore
+from ._primitives.singleflight import JSONSerializer as JSONSerializer
+from ._primitives.singleflight import Serializer as Serializer
+from ._primitives.singleflight import Singleflight as Singleflight
 from ._primitives.spin import SpinLock as SpinLock
 from ._redlock import Redlock as Redlock
 from ._redlock import RedlockLock as RedlockLock
@@ -79,10 +87,13 @@ __all__ = [
     "ClientClosedError",
     "ClientStatistics",
     "ConnectionFailedError",
+    "Election",
     "FairLock",
     "InvalidArgumentError",
     "InvalidArgumentTypeError",
+    "JSONSerializer",
     "Latch",
+    "Leader",
     "Lease",
     "LockLostError",
     "LockNotOwnedError",
@@ -98,9 +109,14 @@ __all__ = [
     "RedlockLock",
     "ReplicationError",
     "Semaphore",
+    "Serializer",
     "ServerRefusedError",
     "ServerUnavailableError",
+    "SharedCallError",
+    "Singleflight",
     "SpinLock",
+    "Term",
+    "UnshareableResultError",
     "UnsupportedServerError",
     "WriteLock",
     "WrongEventLoopError",

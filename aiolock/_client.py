@@ -23,15 +23,18 @@ from redis.exceptions import RedisClusterException
 from ._core.engine import Engine
 from ._core.errors import InvalidArgumentError, InvalidArgumentTypeError, sentence
 from ._core.observe.observer import LockLabel
-from ._core.options import ClientStatistics, Notify, check_options, check_sentinels
+from ._core.options import ClientStatistics, Notify, Scripting, check_options, check_sentinels
 from ._core.protocol.keys import main_key
 from ._core.waiting.notify import Backoff
+from ._primitives import fenced
+from ._primitives.election import Election
 from ._primitives.fair import FairLock
 from ._primitives.latch import Latch
 from ._primitives.lock import AsyncLock
 from ._primitives.multi import MultiLock
 from ._primitives.rwlock import ReadWriteLock
 from ._primitives.semaphore import Semaphore
+from ._primitives.singleflight import DEFAULT_MAX_SIZE, Serializer, Singleflight
 from ._primitives.spin import SpinLock
 
 __all__ = ["Client", "ClientStatistics", "Notify", "engine_of"]
@@ -68,6 +71,17 @@ class Client:
       from a lock name to a label from a bounded set (or None), the only way
       lock names reach metric attributes (``order:<id>`` names must not
       explode cardinality); without it no name is recorded.
+    * ``scripting``: how aiolock runs its Lua scripts. ``"eval"``: the server's
+      script cache (each connection loads a script with its first run). ``"functions"``:
+      one Redis Functions library (Redis 7.0+, Valkey 7.2+) named after
+      aiolock's version and its text, loaded once per server (per master)
+      when a call finds it missing, never replaced or deleted; a user that
+      may not ``FUNCTION LOAD`` gets ``ServerRefusedError`` (NOPERM) naming
+      ``aiolock functions load --url ...``, for an operator to run once.
+      ``"auto"`` (the default): the script cache, and Functions from the
+      first time the ACL refuses running or loading a cached script (that
+      call did not run; it is sent again as an FCALL). A server without Functions raises
+      ``UnsupportedServerError`` at the first call that needs them.
 
     A Client is bound to the event loop it first runs on, and started on
     first use or by ``async with``. ``aclose()`` is idempotent. On close,
@@ -91,6 +105,7 @@ class Client:
         wait_aof: bool = False,
         telemetry: bool = True,
         lock_label: LockLabel | None = None,
+        scripting: Scripting = "auto",
     ) -> None:
         options = check_options(
             redis,
@@ -104,6 +119,7 @@ class Client:
             wait_aof=wait_aof,
             telemetry=telemetry,
             lock_label=lock_label,
+            scripting=scripting,
         )
         self._engine = Engine(redis, options, cluster=None, cluster_client=None)
 
@@ -122,6 +138,7 @@ class Client:
         wait_aof: bool = False,
         telemetry: bool = True,
         lock_label: LockLabel | None = None,
+        scripting: Scripting = "auto",
         cluster: bool | None = None,
     ) -> Client:
         """A Client with its own connections to ``url`` (``redis://``, ``rediss://``, ``unix://``).
@@ -171,6 +188,7 @@ class Client:
             wait_aof=wait_aof,
             telemetry=telemetry,
             lock_label=lock_label,
+            scripting=scripting,
         )
         client = cls.__new__(cls)
         client._engine = Engine(
@@ -198,6 +216,7 @@ class Client:
         wait_aof: bool = False,
         telemetry: bool = True,
         lock_label: LockLabel | None = None,
+        scripting: Scripting = "auto",
         username: str | None = None,
         password: str | None = None,
         db: int = 0,
@@ -288,6 +307,7 @@ class Client:
             wait_aof=wait_aof,
             telemetry=telemetry,
             lock_label=lock_label,
+            scripting=scripting,
         )
         client = cls.__new__(cls)
         client._engine = Engine(redis, options, cluster=False, cluster_client=None)
@@ -329,6 +349,64 @@ class Client:
         """A distributed count-down latch."""
 
         return Latch(self._engine, name, count)
+
+    def singleflight(
+        self,
+        name: str,
+        *,
+        ttl: float = 0.0,
+        serializer: Serializer | None = None,
+        max_size: int = DEFAULT_MAX_SIZE,
+    ) -> Singleflight:
+        """Concurrent calls of ``name``, in any process, run a function once:
+        ``await sf.run(fn, ...)`` or ``@client.singleflight(name)`` (see Singleflight)."""
+
+        return Singleflight(self._engine, name, ttl=ttl, serializer=serializer, max_size=max_size)
+
+    def election(self, name: str) -> Election:
+        """Leader election over a lock of its own kind (see :class:`aiolock.Election`)."""
+
+        return Election(self._engine, name)
+
+    # -- fenced writes -------------------------------------------------------------------
+
+    async def fenced_set(
+        self, key: str | bytes, value: str | bytes, token: int, *, ttl: float | None = None
+    ) -> bool:
+        """Write ``value`` at ``key`` unless a newer fencing token wrote there; True if written.
+
+        The resource side of fencing, for data kept in Redis: pass the
+        ``lease.fencing_token`` of the lock that guards ``key``. The write
+        happens only if ``token`` is not lower than the newest token ``key``
+        has accepted (equal is accepted: the same holder writing again, or a
+        retry); a lower token changes nothing and returns False. Compare and
+        write are one script: atomic, on one cluster node.
+
+        * The value is a plain string at ``key`` (read it with ``GET``); the
+          newest accepted token is kept at ``fence_key(key)``, in the same
+          cluster slot. Writers of one key must use one Client ``prefix`` and
+          tokens of one lock name (tokens of two names are not comparable).
+        * ``ttl``: seconds the value lives (``SET ... PX``); None: no expiry.
+          The fence gets the same TTL at every accepted write, so it lives as
+          long as the value. A value deleted by other means (``DEL``) leaves
+          its fence, which goes on refusing older tokens until deleted too.
+        * Bad arguments (``key`` not a non-empty str/bytes, ``value`` not
+          str/bytes, ``token`` not an int from 0 to 2**63 - 1, a bad ``ttl``)
+          raise ``InvalidArgumentTypeError`` / ``InvalidArgumentError`` before
+          any round trip. Either key holding another type of value:
+          ``WrongTypeError``, nothing written.
+        * Cancelled while the script is on the wire: it may have written or
+          not (all or nothing). Calling again with the same token is safe.
+        * With ``replicas=N`` the write is not waited for on replicas (only
+          acquisitions are): a failover may lose it, as any unacknowledged
+          write.
+        """
+        return await fenced.fenced_set(self._engine, key, value, token, ttl)
+
+    def fence_key(self, key: str | bytes) -> str | bytes:
+        """The key where ``fenced_set`` keeps ``key``'s newest accepted token
+        (``<prefix>:fenced:{<tag of key's slot>}:<key>``; no I/O)."""
+        return fenced.fence_key(self._engine.prefix, fenced.check_key(key))
 
     # -- options -------------------------------------------------------------------------
 

@@ -410,7 +410,8 @@ def _one_stop(message: str) -> None:
 async def test_acl_user_without_evalsha(fresh_server: ServerProcess) -> None:
     fresh_server.execute("ACL", "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all", "-evalsha")
     url = fresh_server.url.replace("redis://", "redis://limited:pw@")
-    async with Client.from_url(url, prefix="e") as client:
+    # (scripting="eval": "auto" would run Functions instead, test_functions.py)
+    async with Client.from_url(url, prefix="e", scripting="eval") as client:
         lock = client.lock("acl")
         with pytest.raises(ServerRefusedError) as info:
             async with asyncio.timeout(30):

@@ -61,7 +61,46 @@ HOLD: dict[str, tuple[Take, Take]] = {
         lambda c, n: Redlock([c]).lock(n).acquire(),
         lambda c, n: Redlock([c]).lock(n).acquire(),
     ),
+    "singleflight": (
+        lambda c, n: _SingleflightRun.start(c, n),
+        lambda c, n: c.singleflight(n).run(_never_run),
+    ),
+    "election": (
+        lambda c, n: c.election(n).campaign("leader"),
+        lambda c, n: c.election(n).campaign("candidate"),
+    ),
 }
+
+
+class _SingleflightRun:
+    """A singleflight run kept under way until ``release()`` (a run is its "hold")."""
+
+    lost = False
+
+    def __init__(self, task: asyncio.Task[int], gate: asyncio.Event) -> None:
+        self.task = task
+        self.gate = gate
+
+    @classmethod
+    async def start(cls, client: Client, name: str) -> _SingleflightRun:
+        gate, started = asyncio.Event(), asyncio.Event()
+
+        async def run() -> int:
+            started.set()
+            await gate.wait()
+            return 1
+
+        task = asyncio.create_task(client.singleflight(name).run(run))
+        await started.wait()
+        return cls(task, gate)
+
+    async def release(self) -> None:
+        self.gate.set()
+        await self.task
+
+
+async def _never_run() -> int:
+    raise AssertionError("the contender of a run under way ran the function")
 
 
 def _reader(raw: Any, anchor: Any) -> None:

@@ -98,7 +98,8 @@ async def test_a_refused_load_is_the_callers_error(fresh_server: ServerProcess) 
         "ACL", "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all", "-script|load"
     )
     url = fresh_server.url.replace("redis://", "redis://limited:pw@")
-    async with Client.from_url(url, cluster=False) as client:
+    # (scripting="eval": "auto" would run Functions instead, test_functions.py)
+    async with Client.from_url(url, cluster=False, scripting="eval") as client:
         lock = client.lock("a")
         with pytest.raises(ServerRefusedError) as info:
             async with asyncio.timeout(30):

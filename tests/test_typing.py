@@ -53,11 +53,22 @@ rw = client.rw_lock("d")
 sem = client.semaphore("e", 2)
 multi = client.multi_lock(client.lock("f"), client.lock("g"))
 red = aiolock.Redlock([client]).lock("h")
+sf = client.singleflight("i", ttl=1.0)
 
 
 @lock
 async def bare(x: int) -> str:
     return str(x)
+
+
+@sf
+async def sf_bare(x: int) -> str:
+    return str(x)
+
+
+@client.singleflight("j", ttl=2.0, max_size=1024)
+async def sf_called(x: int, *, y: str = "") -> str:
+    return str(x) + y
 
 
 @lock(timeout=1.0)
@@ -164,6 +175,7 @@ DECORATED: list[Callable[[int], Coroutine[Any, Any, str]]] = [
     bare, called, empty, all_options, fair_bare, fair_called, spin_bare, spin_called,
     read_bare, read_called, write_bare, write_called, sem_bare, sem_called,
     multi_bare, multi_called, red_bare, red_called, Service().method, Service().sem_method,
+    sf_bare, sf_called,
 ]
 
 
@@ -211,6 +223,9 @@ async def main() -> None:
     maybe_permit: aiolock.Permit | None = await sem.try_acquire()
     maybe_multi: aiolock.MultiLease | None = await multi.try_acquire()
     held: aiolock.Lease = await lock.acquire(timeout=1.0)
+    s = await sf.run(bare, 1)
+    s = await sf.run(sf_called, 1, y="z")
+    s = await sf_called(2, y="w")
     print(s, got, ok, token, tokens, maybe, maybe_permit, maybe_multi, held, permit_, task)
 '''
 
@@ -224,6 +239,7 @@ import aiolock
 
 lock = aiolock.Client.from_url("redis://localhost").lock("a")
 sem = aiolock.Client.from_url("redis://localhost").semaphore("s", 2)
+sf = aiolock.Client.from_url("redis://localhost").singleflight("sf")
 
 
 @lock
@@ -250,6 +266,16 @@ def not_async_either(x: int) -> str:
     return str(x)
 
 
+@sf  # E: arg-type
+def not_async_shared(x: int) -> str:
+    return str(x)
+
+
+@sf
+async def shared(x: int) -> str:
+    return str(x)
+
+
 async def main() -> None:
     takes_int(f(1))  # E: arg-type
     takes_int(await f(1))  # E: arg-type
@@ -259,6 +285,9 @@ async def main() -> None:
     asyncio.create_task(f)  # E: arg-type
     lock(timeout="1")  # E: call-overload
     (await lock.try_acquire()).fencing_token  # E: union-attr
+    await sf.run(f, "x")  # E: arg-type
+    takes_int(await sf.run(f, 1))  # E: arg-type
+    await shared(1, 2)  # E: call-arg
     print(n)
 """
 

@@ -176,6 +176,7 @@ class Engine(Commands):
             acked=lambda: self.acked_lane,
             background=self.background,
             command_timeout=self.command_timeout,
+            scripting=options.scripting,
         )
         # Per-primitive local state, keyed by the primitive's main key.
         self.states: dict[str, Any] = {}

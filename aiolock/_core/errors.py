@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from redis.exceptions import (
     AuthenticationError,
@@ -32,6 +33,8 @@ __all__ = [
     "ReplicationError",
     "ServerRefusedError",
     "ServerUnavailableError",
+    "SharedCallError",
+    "UnshareableResultError",
     "UnsupportedServerError",
     "WrongEventLoopError",
     "WrongTypeError",
@@ -108,8 +111,11 @@ class UnsupportedServerError(AiolockError):
     ``redis.asyncio.RedisCluster``, or use ``Client.from_url(url)``. Or a
     mode that does not match the server: ``cluster=False`` on a cluster node
     (a MOVED or ASK reply; its ``__cause__`` is that reply), ``cluster=True``
-    on a standalone server. The message says which, and what to do. Nothing
-    was changed in Redis.
+    on a standalone server. Or Redis Functions asked for (``scripting=
+    "functions"``, or ``"auto"`` where the ACL forbids EVAL) on a server
+    without them (before Redis 7.0: FCALL is an unknown command; raised at
+    the first call that needs them). The message says which, and what to do.
+    Nothing was changed in Redis.
     """
 
 
@@ -206,6 +212,34 @@ class InvalidArgumentError(AiolockError, ValueError):
 
 class InvalidArgumentTypeError(AiolockError, TypeError):
     """An argument had the wrong type (a non-string name, a string timeout)."""
+
+
+class SharedCallError(AiolockError):
+    """A singleflight call whose function raised in the caller that ran it.
+
+    The callers that waited for that run (in this Client or any other) get
+    this error, carrying the original exception's ``type_name`` (its
+    qualified name, ``"ValueError"`` or ``"myapp.errors.Gone"``) and
+    ``message`` (``str(exc)``, at most 8 KiB); the exception object itself
+    stays in the process that ran the function (it is not sent over Redis).
+    ``name`` is the singleflight's name.
+    """
+
+    def __init__(self, name: str, type_name: str, message: str) -> None:
+        super().__init__(f"singleflight {name!r}: the shared call raised {type_name}: {message}")
+        self.name = name
+        self.type_name = type_name
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.type_name, self.message))
+
+
+class UnshareableResultError(AiolockError, TypeError):
+    """A singleflight run's result could not be shared: the serializer failed on
+    it (its cause is the serializer's exception), it was larger than
+    ``max_size``, or a waiter could not decode it. Raised to the caller that
+    ran the function and to every caller that waited for that run."""
 
 
 #: How a plain connection failure's message begins (redis-py's text follows).

@@ -18,6 +18,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from .errors import InvalidArgumentError, InvalidArgumentTypeError
 from .observe.observer import LockLabel
+from .protocol.runner import SCRIPTING, Scripting
 from .validate import check_lease, check_prefix, check_seconds
 from .waiting.notify import Backoff
 
@@ -26,6 +27,7 @@ __all__ = [
     "LockStatistics",
     "Notify",
     "Options",
+    "Scripting",
     "check_options",
     "check_sentinels",
 ]
@@ -53,6 +55,9 @@ class Options:
     """Record OpenTelemetry metrics and spans if ``opentelemetry-api`` is installed."""
     lock_label: LockLabel | None = None
     """Maps a lock name to a bounded label for metric attributes (None: no name recorded)."""
+    scripting: Scripting = "auto"
+    """How scripts run: cached EVAL scripts, Redis Functions, or the first unless the ACL
+    forbids it (runner.py)."""
 
 
 def check_options(
@@ -68,6 +73,7 @@ def check_options(
     wait_aof: bool = False,
     telemetry: bool = True,
     lock_label: LockLabel | None = None,
+    scripting: Scripting = "auto",
 ) -> Options:
     """Check a Client's arguments: the options, or a typed error naming the wrong one."""
     if not isinstance(redis, aioredis.Redis | RedisCluster):
@@ -113,6 +119,15 @@ def check_options(
             f"lock_label must be a function from a lock name to a label (str or None), "
             f"got {type(lock_label).__name__}: {lock_label!r}"
         )
+    if not isinstance(scripting, str):
+        raise InvalidArgumentTypeError(
+            f"scripting must be one of {', '.join(map(repr, SCRIPTING))}, got "
+            f"{type(scripting).__name__}: {scripting!r}"
+        )
+    if scripting not in SCRIPTING:
+        raise InvalidArgumentError(
+            f"scripting must be one of {', '.join(map(repr, SCRIPTING))}, got {scripting!r}"
+        )
     return Options(
         prefix,
         lease_s,
@@ -124,6 +139,7 @@ def check_options(
         wait_aof,
         telemetry,
         lock_label,
+        scripting,
     )
 
 

@@ -10,7 +10,16 @@ which kinds of one anchor claim it: the first claim wins.
 """
 
 from .._core.protocol.kinds import Registry
-from . import fair_kind, latch_kind, lock_kind, redlock_kind, rwlock_kind, semaphore_kind
+from . import (
+    election_kind,
+    fair_kind,
+    latch_kind,
+    lock_kind,
+    redlock_kind,
+    rwlock_kind,
+    semaphore_kind,
+    singleflight_kind,
+)
 
 __all__ = ["KINDS"]
 
@@ -21,4 +30,6 @@ KINDS = Registry(
     semaphore_kind.KIND,
     latch_kind.KIND,
     redlock_kind.KIND,
+    singleflight_kind.KIND,
+    election_kind.KIND,
 )

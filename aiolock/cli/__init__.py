@@ -12,6 +12,8 @@ library's key naming (``aiolock._core.protocol.keys``) to show and clean up the 
   server, starting an embedded one for the duration if none is reachable.
 * ``aiolock ls | inspect | top | force-release``: what is held, by whom, who
   waits; evict a holder (ops.py).
+* ``aiolock functions load``: load the Functions library once, as an operator
+  (functions.py).
 * ``aiolock doctor``: check a deployment against what aiolock needs (doctor.py).
 """
 
@@ -72,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     from aiolock.cli.ops import add_arguments as add_ops_arguments
 
     add_ops_arguments(sub)
+    from aiolock.cli.functions import add_arguments as add_functions_arguments
+
+    add_functions_arguments(sub)
     from aiolock.cli.doctor import add_arguments as add_doctor_arguments
 
     add_doctor_arguments(sub)
@@ -94,6 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from aiolock.cli.ops import run as run_ops
 
             return run_ops(args)
+        if args.command == "functions":
+            from aiolock.cli.functions import run as run_functions
+
+            return run_functions(args)
         if args.command == "doctor":
             from aiolock.cli.doctor import run as run_doctor
 

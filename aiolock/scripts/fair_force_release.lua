@@ -12,6 +12,7 @@
 -- Returns 1 if a hold was deleted, 0 if the lock was free. The evicted hold is
 -- not recorded as released, so its owner's release reports "not owned"; its
 -- Client is told on its eviction channel ("x <bound> * <lock key>", _evict.lua).
+--@runner allow-oom  (it frees or keeps a hold: as a Redis Function it runs out of memory too)
 --@include _fair_queue.lua
 --@include _types.lua
 --@include _evict.lua

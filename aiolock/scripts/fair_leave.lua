@@ -12,6 +12,7 @@
 --
 -- Returns 1 if wid was queued or held the lock, 0 if it left no trace.
 -- Idempotent (a wid is used by one acquire call only).
+--@runner allow-oom  (it frees or keeps a hold: as a Redis Function it runs out of memory too)
 --@include _fair_queue.lua
 --@include _types.lua
 check_types(KEYS, 'hash', 'hash', 'zset')

@@ -11,7 +11,8 @@
 -- up again.
 -- Never fails on a key of another type (someone overwrote it): that one is
 -- gone (0), and the other keys of the batch are renewed all the same.
---@runner renewal    (a watchdog batch: one key per item of many names; cross-slot)
+--@runner renewal allow-oom  (a watchdog batch: one key per item of many names;
+--           cross-slot; as a Redis Function it runs out of memory too)
 --@include _fair_queue.lua
 --@include _types.lua
 --@include _renew.lua

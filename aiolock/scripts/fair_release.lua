@@ -17,6 +17,7 @@
 --   token (a retry after a lost reply): nothing changes.
 -- Returns 0 if the hold is not there (expired, force-released, or taken since).
 -- In every case a free lock with a live waiter is handed over.
+--@runner allow-oom  (it frees or keeps a hold: as a Redis Function it runs out of memory too)
 --@include _fair_queue.lua
 --@include _types.lua
 check_types(KEYS, 'hash', 'hash', 'zset')

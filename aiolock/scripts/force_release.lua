@@ -16,6 +16,7 @@
 -- channel ("x <bound> * <lock key>", see _evict.lua). The fence hash keeps its record of the last token
 -- issued, so the next acquisition still gets a larger token and the evicted
 -- holder's release reports "not owned".
+--@runner allow-oom  (it frees or keeps a hold: as a Redis Function it runs out of memory too)
 --@include _free.lua
 --@include _types.lua
 --@include _evict.lua

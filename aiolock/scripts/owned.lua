@@ -7,6 +7,7 @@
 --
 -- Returns the remaining TTL in ms (-1 if the hash has no TTL) when the hold is
 -- still this owner's with this token, or -2 when it is not. Read-only.
+--@runner no-writes  (it only reads: its Redis Function is flagged no-writes)
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 and redis.call('HGET', KEYS[1], '~fence') == ARGV[2] then
     return redis.call('PTTL', KEYS[1])
 end

@@ -10,6 +10,7 @@
 -- channel of the Client its owner id names (its Redlock's first Client: each
 -- of its Clients listens there on its own master): "v <value>", the value
 -- deleted ("<owner>|<attempt id>", unique to the hold).
+--@runner allow-oom  (it frees or keeps a hold: as a Redis Function it runs out of memory too)
 --@include _types.lua
 check_types(KEYS, 'string')
 local value = redis.call('GET', KEYS[1])

@@ -6,6 +6,7 @@
 -- ARGV[2]  channel      the name's Redlock channel: "*" is published on a release
 --
 -- Returns 1 if the key held `value` and was deleted (waiters woken), else 0.
+--@runner allow-oom  (it frees or keeps a hold: as a Redis Function it runs out of memory too)
 --@include _types.lua
 if not is_type(KEYS[1], 'string') or redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0

@@ -7,6 +7,7 @@
 --
 -- Returns one integer per key: 1 if the key still holds that value (its TTL
 -- is now at least lease_ms, never shortened), 0 if it is gone or taken.
+--@runner allow-oom  (it frees or keeps a hold: as a Redis Function it runs out of memory too)
 --@include _types.lua
 local lease_ms = tonumber(ARGV[1])
 local result = {}

@@ -30,6 +30,7 @@
 -- of another type. Checked without a TYPE per key: the hash and the fence
 -- hash by typed reads that precede every write; the signal list and the
 -- waiting set by one EXISTS while neither exists.
+--@runner allow-oom  (it frees or keeps a hold: as a Redis Function it runs out of memory too)
 --@include _free.lua
 --@include _types.lua
 -- One read of the hash: the owner's entry, the hold's token, the flag, the attempt.

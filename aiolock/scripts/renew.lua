@@ -13,7 +13,8 @@
 -- shortened), 0 if it is gone (expired, force-released or taken): lost.
 -- Never fails on a key of another type (someone overwrote it): that one is
 -- gone (0), and the other keys of the batch are renewed all the same.
---@runner renewal    (a watchdog batch: one key per item of many names; cross-slot)
+--@runner renewal allow-oom  (a watchdog batch: one key per item of many names;
+--           cross-slot; as a Redis Function it runs out of memory too)
 --@include _types.lua
 --@include _renew.lua
 local lease_ms = tonumber(ARGV[1])

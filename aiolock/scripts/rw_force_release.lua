@@ -17,6 +17,7 @@
 -- writers stay registered. The fence hash is left alone, so tokens keep
 -- increasing. Wakes waiters as a release would.
 -- Returns 1 if a live hold was evicted, 0 if there was none of that kind.
+--@runner allow-oom  (it frees or keeps a hold: as a Redis Function it runs out of memory too)
 --@include _rw_common.lua
 --@include _types.lua
 --@include _evict.lua

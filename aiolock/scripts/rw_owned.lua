@@ -7,6 +7,7 @@
 --
 -- Returns the ms left of the hold when it is still this owner's with this
 -- token and not expired, or -2 when it is not.
+--@runner no-writes  (it only reads: its Redis Function is flagged no-writes)
 --@include _rw_common.lua
 local key, kind, owner, token = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local field, ours

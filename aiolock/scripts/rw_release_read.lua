@@ -13,6 +13,7 @@
 -- Returns 1 if this call released the hold.
 -- Returns 2 if an earlier call released this very hold (a retry): nothing changes.
 -- Returns 0 if the owner has no such hold (expired or force-released): nothing changes.
+--@runner allow-oom  (it frees or keeps a hold: as a Redis Function it runs out of memory too)
 --@include _rw_common.lua
 --@include _types.lua
 check_types(KEYS, 'hash', 'list', 'list')

@@ -9,7 +9,8 @@
 -- and now lasts at least wait_ms (never shortened), 0 if it is gone.
 -- Never fails on a key of another type (someone overwrote it): that one is
 -- gone (0), and the other keys of the batch are renewed all the same.
---@runner renewal    (a watchdog batch: one key per item of many names; cross-slot)
+--@runner renewal allow-oom  (a watchdog batch: one key per item of many names;
+--           cross-slot; as a Redis Function it runs out of memory too)
 --@include _rw_common.lua
 --@include _types.lua
 --@include _renew.lua

@@ -7,6 +7,7 @@
 --   readers     how many live read holds there are
 --   readers_ms  ms until the last live read hold expires unless renewed, or -2 if none
 -- Expired holds not yet purged are not counted.
+--@runner no-writes  (it only reads: its Redis Function is flagged no-writes)
 --@include _rw_common.lua
 local key = KEYS[1]
 if not rw_kind_ok(key) then

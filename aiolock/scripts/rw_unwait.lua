@@ -13,6 +13,7 @@
 -- is woken at once (not after the entry's lease); if the lock is free, one
 -- writer is woken too (the one giving up may have taken the last wake-up).
 -- Returns 1 if the entry was there, else 0. Idempotent.
+--@runner allow-oom  (it frees or keeps a hold: as a Redis Function it runs out of memory too)
 --@include _rw_common.lua
 --@include _types.lua
 check_types(KEYS, 'zset', 'hash', 'zset', 'list', 'list')

@@ -18,6 +18,7 @@
 -- next check (sem_renew answers 0).
 -- Returns the members "<permits>|<holder id>" evicted (live holders only;
 -- expired ones are purged, not counted): empty if nobody held a permit.
+--@runner allow-oom  (it frees or keeps a hold: as a Redis Function it runs out of memory too)
 --@include _sem.lua
 --@include _types.lua
 --@include _evict.lua

@@ -15,6 +15,7 @@
 --   (a retry after a lost reply; remembered for 120 s / the last 10,000 releases).
 -- Returns 0 if the member holds nothing (it expired, or never held).
 -- Either way a claim of this member (a waiter giving up) is dropped.
+--@runner allow-oom  (it frees or keeps a hold: as a Redis Function it runs out of memory too)
 --@include _sem.lua
 --@include _types.lua
 check_types(KEYS, 'hash', 'zset', 'zset', 'list')

@@ -17,6 +17,7 @@
 -- Returns 1 if the lock is free or was granted to the entry (the wake-up
 -- or the lock was passed on, if anyone waits), 0 if someone else holds it
 -- (its release will wake the next task).
+--@runner allow-oom  (it frees or keeps a hold: as a Redis Function it runs out of memory too)
 --@include _free.lua
 --@include _types.lua
 check_types(KEYS, 'hash', 'hash', 'list', 'zset')

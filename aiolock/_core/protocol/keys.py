@@ -43,6 +43,7 @@ that, say, a fair lock and a read-write lock of one name never share state.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Self
 
 __all__ = [
     "FairKeys",
@@ -127,7 +128,12 @@ class LockKeys(Keys):
 
     @classmethod
     def of(cls, prefix: str, name: str) -> LockKeys:
-        main = main_key(prefix, name)
+        return cls.rooted(main_key(prefix, name))
+
+    @classmethod
+    def rooted(cls, main: str, **more: Any) -> Self:
+        """The lock's layout under the main key ``main`` (a subclass's own
+        fields in ``more``: an election is a lock rooted elsewhere)."""
         fence, wq, signal = main + FENCE, main + WAITING, f"{main}:signal"
         return cls(
             main=main,
@@ -139,6 +145,7 @@ class LockKeys(Keys):
             acquire=(main, fence, wq, signal),
             free=(main, fence, signal, wq),
             multi=(main, fence, wq, signal),
+            **more,
         )
 
     def wait_channel(self, client_id: str) -> bytes:

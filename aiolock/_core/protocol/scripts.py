@@ -35,8 +35,10 @@ from typing import Any
 from ..errors import WrongTypeError
 
 __all__ = [
+    "ALLOW_OOM",
     "CROSS_SLOT",
     "NODE",
+    "NO_WRITES",
     "RENEWALS",
     "Script",
     "load_scripts",
@@ -48,8 +50,8 @@ __all__ = [
 
 def _runner_tags(name: str) -> frozenset[str]:
     """What a script's header tells the runner: its ``--@runner`` line's words
-    (``renewal``, ``cross-slot``). The runner names no primitive: a script
-    declares what it needs."""
+    (``renewal``, ``cross-slot``, ``no-writes``, ``allow-oom``). The runner
+    names no primitive: a script declares what it needs."""
     text = resources.files("aiolock").joinpath("scripts", f"{name}.lua").read_text("utf-8")
     for line in text.splitlines():
         if line.startswith("--@runner "):
@@ -173,6 +175,15 @@ RENEWALS = _tagged("renewal")
 #: slot (else CROSSSLOT, flag or not). So a call that spans slots declares one
 #: key and passes the others in ARGV (the renewals' node form).
 CROSS_SLOT = RENEWALS | _tagged("cross-slot")
+#: Scripts that only read (``--@runner no-writes``): as Redis Functions
+#: (functions.py) they are flagged ``no-writes``; their EVAL text is unchanged.
+NO_WRITES = _tagged("no-writes")
+#: Scripts that free or keep a hold (``--@runner allow-oom``: releases, renewals,
+#: leaving a queue): as Redis Functions they are flagged ``allow-oom``, so that
+#: they run while the server is out of memory, as their EVAL text does (Redis
+#: refuses a flagged script as a whole under OOM, an EVAL script only at a
+#: write that adds memory before its first write).
+ALLOW_OOM = _tagged("allow-oom")
 
 
 def load_scripts(*names: str, cluster: bool = False) -> dict[str, Script]:

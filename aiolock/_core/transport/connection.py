@@ -89,8 +89,11 @@ class Loadable(Protocol):
     write once per connection before the first command that runs it."""
 
     @property
-    def load(self) -> tuple[Any, ...]:
-        """The command that loads it on a connection (its reply: ``loaded``)."""
+    def load(self) -> tuple[Any, ...] | None:
+        """The command that loads it on a connection (its reply: ``loaded``);
+        None: nothing is written before its first run (a Functions library is
+        loaded once per server, when a call finds it missing: the runner's
+        ``reload`` then gives a Loadable that has a load)."""
         ...
 
     def loaded(self, reply: Any, error: BaseException | None) -> None:
@@ -348,8 +351,10 @@ class CommandConnection(SafeCalls):
         parts = []
         if script is not None and (reload or script not in self._loaded):
             self._loaded.add(script)
-            parts.append(pack(script.load))
-            self._queued(None, script.loaded)
+            load = script.load
+            if load is not None:  # (None: loaded only on the runner's reload)
+                parts.append(pack(load))
+                self._queued(None, script.loaded)
         if before is not None:
             parts.append(pack(before))
             self._queued(None, _ignore)
