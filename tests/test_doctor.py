@@ -171,11 +171,11 @@ async def test_persistence_off_and_on(
 async def test_user_without_scripts_fails(
     fresh_server: ServerProcess, admin: aioredis.Redis, doctor: Doctor
 ) -> None:
-    """An ACL user that may not run scripts: the scripts check fails, exit 1
-    (no Functions library is loaded to fall back on)."""
+    """An ACL user that may not run scripts (EVAL, EVALSHA, nor Functions:
+    -@scripting): the scripts check fails, exit 1."""
     await admin.acl_setuser(
         "noeval", enabled=True, passwords=["+pw"], keys=["aiolock:*"], channels=["aiolock:*"],
-        commands=["+@all", "-eval", "-evalsha"],
+        commands=["+@all", "-@scripting"],
     )  # fmt: skip
     code, doc = await doctor(user_url(fresh_server, "noeval"))
     checks = by_name(doc)
@@ -184,6 +184,28 @@ async def test_user_without_scripts_fails(
     assert checks["acl"]["status"] == "fail"  # the user may run ACL DRYRUN: it says so too
     assert "EVALSHA" in checks["acl"]["detail"]
     assert (code, doc["verdict"]) == (1, "fail")
+
+
+async def test_user_with_functions_only_warns(
+    fresh_server: ServerProcess, admin: aioredis.Redis, doctor: Doctor
+) -> None:
+    """No EVAL, EVALSHA or SCRIPT, but FCALL and FUNCTION LOAD: scripting="auto"
+    runs on Redis Functions, so the scripts check warns and says so (exit 0),
+    and a Client of that user does acquire."""
+    await admin.acl_setuser(
+        "fonly", enabled=True, passwords=["+pw"], keys=["aiolock:*"], channels=["aiolock:*"],
+        commands=["+@all", "-eval", "-evalsha", "-script"],
+    )  # fmt: skip
+    url = user_url(fresh_server, "fonly")
+    code, doc = await doctor(url)
+    checks = by_name(doc)
+    assert checks["scripts"]["status"] == "warn", checks["scripts"]
+    assert "Functions" in checks["scripts"]["detail"]
+    assert checks["acl"]["status"] == "warn", checks["acl"]  # EVALSHA: optional here
+    assert code == 0, doc
+    async with aiolock.Client.from_url(url) as client:
+        lease = await client.lock("doctor").acquire()
+        await lease.release()
 
 
 async def test_user_without_a_script_command(
@@ -338,7 +360,7 @@ def _facts(**config: str) -> NodeFacts:
     ok = Reply("ok", None)
     return NodeFacts(
         "h:1", Reply("refused"), Reply("ok", config), [1.0, 2.0, 50.0],
-        ok, ok, ok, ok, Reply("ok", []), ok, None, ok,
+        ok, ok, ok, ok, ok, Reply("ok", []), ok, None, ok,
     )  # fmt: skip
 
 

@@ -35,6 +35,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError, NoScriptError, RedisError, ResponseError
 
 from aiolock._core.errors import clause
+from aiolock._core.protocol.functions import library_text
+from aiolock._core.protocol.scripts import load_scripts
 from aiolock.cli.doctor_checks import merge, node_checks, promise, sentinel_check, verdict
 from aiolock.cli.doctor_facts import (
     Check,
@@ -185,6 +187,12 @@ async def _read_node(
     fcall = await _ask(_command(node, "FCALL", "aiolock_doctor_absent", 1, key))
     if fcall.outcome == "error" and "not found" in fcall.detail.lower():
         fcall = Reply("ok", detail="permitted")
+    # (a library without functions is refused either way: nothing is loaded)
+    function_load = await _ask(
+        _command(node, "FUNCTION", "LOAD", "#!lua name=aiolock_doctor_probe\n")
+    )
+    if function_load.outcome == "error":
+        function_load = Reply("ok", detail="permitted")
     functions = await _ask(_command(node, "FUNCTION", "LIST"))
     if functions.ok:
         functions = Reply("ok", _libraries(functions.value))
@@ -197,7 +205,7 @@ async def _read_node(
     whoami = await _ask(_command(node, "ACL", "WHOAMI"))
     facts = NodeFacts(
         address, info_reply, config, pings, script_load, evalsha, publish, fcall,
-        functions, wait, cluster_info, whoami,
+        function_load, functions, wait, cluster_info, whoami,
     )  # fmt: skip
     if not whoami.ok:
         facts.dryrun_error = f"ACL WHOAMI: {whoami.detail or whoami.outcome}"
@@ -280,7 +288,8 @@ async def _examine(args: argparse.Namespace, target: Target, checks: list[Check]
         checks.append(sentinel_check(sentinels, f"{named[0]}:{named[1]}"))
     server = await Server.open(target)
     try:
-        settings = Settings(args.lease, server.cluster, bool(args.sentinel))
+        library = library_text(load_scripts(cluster=server.cluster)).name
+        settings = Settings(args.lease, server.cluster, bool(args.sentinel), library)
         if server.cluster:
             addresses = [f"{host}:{port}" for host, port in server.addresses]
         else:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from aiolock.cli.doctor_facts import (
@@ -113,7 +114,7 @@ def server_check(facts: NodeFacts) -> Check:
     return Check("server", "fail", f"{kind} ({mode}): aiolock needs Redis 6.2 or newer")
 
 
-def scripts_check(facts: NodeFacts, libraries: list[str]) -> Check:
+def scripts_check(facts: NodeFacts, settings: Settings) -> Check:
     if facts.evalsha.ok and facts.script_load.ok:
         return Check("scripts", "ok", "SCRIPT LOAD and EVALSHA allowed on the prefix's keys")
     refused = [
@@ -122,43 +123,52 @@ def scripts_check(facts: NodeFacts, libraries: list[str]) -> Check:
         if not reply.ok
     ]
     why = " and ".join(refused)
-    if facts.fcall.ok and libraries:
+    if _functions_usable(facts, settings):
+        loaded = settings.library in _libraries(facts)
+        how = "its library is loaded" if loaded else "the Client loads its library"
         return Check(
             "scripts",
             "warn",
-            f"refused: {why}; scripting='auto' runs the loaded "
-            f"Functions library ({', '.join(libraries)}) instead",
+            f"refused: {why}; scripting='auto' runs Redis Functions instead ({how})",
         )
     return Check(
         "scripts",
         "fail",
-        f"refused: {why}: no aiolock operation can run; grant "
-        "+evalsha +script|load (or load the Functions library: aiolock functions load, "
-        "and grant +fcall)",
+        f"refused: {why}: no aiolock operation can run; grant +evalsha +script|load, or "
+        "+fcall and load the Functions library once: aiolock functions load --url ...",
     )
 
 
-def aiolock_libraries(facts: NodeFacts) -> list[str]:
+def _functions_usable(facts: NodeFacts, settings: Settings) -> bool:
+    """scripting='auto' can run on Redis Functions here: FCALL allowed, and this
+    version's library loaded or loadable by this user."""
+    loaded = settings.library in _libraries(facts)
+    return facts.fcall.ok and (loaded or facts.function_load.ok)
+
+
+def _libraries(facts: NodeFacts) -> list[str]:
     if not facts.functions.ok:
         return []
     return [str(n) for n in facts.functions.value if str(n).startswith("aiolock")]
 
 
-def functions_check(facts: NodeFacts) -> Check:
+def functions_check(facts: NodeFacts, settings: Settings) -> Check:
     reply = facts.functions
     if reply.outcome == "missing":
         return Check("functions", "ok", "not available (Redis before 7.0); EVALSHA is used")
     if not reply.ok:
         return Check("functions", "warn", _refusal("FUNCTION LIST", reply))
-    libraries = aiolock_libraries(facts)
+    libraries = _libraries(facts)
     fcall = "FCALL allowed" if facts.fcall.ok else f"FCALL {facts.fcall.outcome}"
-    if libraries:
-        return Check("functions", "ok", f"available; loaded: {', '.join(libraries)}; {fcall}")
-    return Check(
-        "functions",
-        "ok",
-        f"available, no aiolock library loaded (aiolock functions load); {fcall}",
+    load = "FUNCTION LOAD allowed" if facts.function_load.ok else "FUNCTION LOAD refused"
+    others = [n for n in libraries if n != settings.library]
+    mine = (
+        f"this version's library {settings.library} loaded"
+        if settings.library in libraries
+        else f"this version's library {settings.library} not loaded"
     )
+    also = f"; other versions' {', '.join(others)}" if others else ""
+    return Check("functions", "ok", f"available; {mine}{also}; {fcall}, {load}")
 
 
 def publish_check(facts: NodeFacts, settings: Settings) -> Check:
@@ -355,8 +365,12 @@ def acl_check(facts: NodeFacts, settings: Settings) -> Check:
     denied: list[str] = []
     optional: list[str] = []
     unchecked: list[str] = []
+    # With Redis Functions usable, EVALSHA and SCRIPT LOAD are not needed.
+    scripting = {"EVALSHA", "SCRIPT"} if _functions_usable(facts, settings) else set()
     for probe in acl_probes(settings):
         reply = facts.dryrun.get(probe.name)
+        if probe.name in scripting:
+            probe = replace(probe, required=False)
         if reply is None:
             unchecked.append(probe.name)
         elif reply.ok and str(reply.value) != "OK":  # the reason it would be refused
@@ -378,11 +392,10 @@ def acl_check(facts: NodeFacts, settings: Settings) -> Check:
 
 def node_checks(facts: NodeFacts, settings: Settings) -> list[Check]:
     """Every check of one server, in report order."""
-    libraries = aiolock_libraries(facts)
     return [
         server_check(facts),
-        scripts_check(facts, libraries),
-        functions_check(facts),
+        scripts_check(facts, settings),
+        functions_check(facts, settings),
         publish_check(facts, settings),
         sharded_check(facts, settings),
         wait_check(facts),

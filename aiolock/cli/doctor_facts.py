@@ -62,6 +62,8 @@ class Settings:
     lease: float
     cluster: bool
     sentinel: bool
+    #: This aiolock version's Functions library (its name carries the version).
+    library: str = ""
 
 
 @dataclass(slots=True)
@@ -78,6 +80,7 @@ class NodeFacts:
     evalsha: Reply  # EVALSHA of it, on a key under the prefix
     publish: Reply  # a script that (S)PUBLISHes on a channel under the prefix
     fcall: Reply  # FCALL of a function that does not exist: refused, or "not found"
+    function_load: Reply  # FUNCTION LOAD of a library without functions: refused, or not
     functions: Reply  # FUNCTION LIST: the libraries' names
     wait: Reply  # WAIT 0 0
     cluster_info: Reply | None  # CLUSTER INFO, on a cluster
@@ -165,6 +168,9 @@ def acl_probes(settings: Settings) -> list[Probe]:
         Probe("BLPOP", ("K", "1"), False, 'notify="list"'),
         Probe("WAIT", ("0", "0"), False, "replicas=N"),
         Probe("WAITAOF", ("0", "0", "0"), False, "wait_aof=True"),
+        # protocol/runner.py with scripting="functions" (or "auto" where EVAL is refused)
+        Probe("FCALL", ("f", "1", "K"), False, 'scripting="functions"'),
+        Probe("FUNCTION", ("LOAD", "#!lua name=x"), False, "loads the Functions library"),
     ]
     if settings.cluster:
         probes += [
