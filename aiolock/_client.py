@@ -272,7 +272,7 @@ class Client:
         # discovery: redis-py asks the Sentinels in turn, each within this.
         sentinel_kwargs.setdefault("socket_timeout", SENTINEL_TIMEOUT)
         sentinel_kwargs.setdefault("socket_connect_timeout", SENTINEL_TIMEOUT)
-        sentinel = aioredis.Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = aioredis.Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
             pairs, sentinel_kwargs=sentinel_kwargs, **master_kwargs
         )
         redis = sentinel.master_for(service)

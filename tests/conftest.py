@@ -347,6 +347,41 @@ async def third_client(make_client: MakeClient, other_client_options: dict[str, 
     return await make_client(**other_client_options)
 
 
+#: Set to run every notify mode on every backend (a release check). Without
+#: it the matrix is pairwise: ``pubsub`` on Redis and Valkey, ``list`` and
+#: ``poll`` on Redis alone. A notify mode is the Client's way of waiting (the
+#: same commands on both servers); what Redis and Valkey do differently the
+#: ``pubsub`` runs and the rest of the suite cover on both.
+FULL_MATRIX_ENV = "AIOLOCK_FULL_MATRIX"
+
+
+def full_matrix() -> bool:
+    return os.environ.get(FULL_MATRIX_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def pairwise_skips(backend: str, mode: str) -> bool:
+    """Whether the pairwise matrix leaves out ``mode`` on ``backend``."""
+    return not full_matrix() and backend == "valkey" and mode in ("list", "poll")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the (Valkey, list|poll) cells unless ``AIOLOCK_FULL_MATRIX`` is set."""
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        params: dict[str, Any] = callspec.params if callspec is not None else {}
+        mode = params.get("notify")
+        backends = {v for k, v in params.items() if k != "notify" and v in KINDS}
+        if isinstance(mode, str) and any(pairwise_skips(b, mode) for b in backends):
+            dropped.append(item)
+        else:
+            keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
 @pytest.fixture(params=NOTIFY_MODES)
 def notify(request: pytest.FixtureRequest) -> str:
     """A notify mode (params: pubsub, list, poll), for the modules whose

@@ -179,7 +179,7 @@ BUGS: list[Bug] = [
     Bug(
         "handoff-after-reconnect-unchecked",
         "a local handoff after a reconnect skips the check that the server still has the hold",
-        "aiolock/_primitives/lock.py",
+        "aiolock/_primitives/lock_queue.py",
         "            and hold.confirmed == engine.epoch\n"
         "        ):\n            return self._pass_locally",
         "        ):\n            return self._pass_locally",

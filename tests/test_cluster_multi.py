@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from aiolock import Client, ConnectionFailedError, LockTimeoutError
-from aiolock._primitives.lock import AsyncLock, LocalQueue
+from aiolock._primitives.lock import AsyncLock
+from aiolock._primitives.lock_queue import LocalQueue
 from aiolock._primitives.multi import MultiLease, MultiLock
 from aiolock.testing import seam
 from tests.cluster_servers import ClusterNode, ClusterProcess

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from aiolock import Client, LockLostError
-from aiolock._primitives.lock import COHORT_BOUND
+from aiolock._primitives.lock_queue import COHORT_BOUND
 from aiolock.testing import seam
 from tests.core_util import assert_clean, eventually
 from tests.servers import RedisServer

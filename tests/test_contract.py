@@ -32,7 +32,7 @@ import pytest
 
 from aiolock import Client, LockLostError, LockTimeoutError, Redlock
 from tests.conftest import KINDS as BACKENDS
-from tests.conftest import URL_ENV, healthy_pair
+from tests.conftest import URL_ENV, healthy_pair, pairwise_skips
 from tests.core_util import assert_clean, eventually
 from tests.sentinel_servers import SERVICE
 from tests.servers import RedisServer
@@ -84,9 +84,12 @@ class Deployment:
 
 
 def _every(*modes: str) -> tuple[tuple[str, str], ...]:
-    """Every mode on each shared server (one, ``external``, with ``URL_ENV`` set)."""
+    """Every mode on each shared server (one, ``external``, with ``URL_ENV`` set),
+    pairwise unless ``AIOLOCK_FULL_MATRIX`` is set (``pairwise_skips``)."""
     servers = ("external",) if os.environ.get(URL_ENV) else BACKENDS
-    return tuple((server, mode) for server in servers for mode in modes)
+    return tuple(
+        (server, mode) for server in servers for mode in modes if not pairwise_skips(server, mode)
+    )
 
 
 DEPLOYMENTS = [

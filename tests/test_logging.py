@@ -24,7 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from aiolock import Client, ConnectionFailedError
 from aiolock._core.outage import Outage
 from aiolock._core.waiting.notify import Waiter
-from aiolock._primitives.base import compete
+from aiolock._primitives.compete import compete
 from aiolock.testing import seam
 from tests.core_util import eventually, pubsub_subscribers
 from tests.servers import RedisServer, ServerProcess

@@ -15,7 +15,7 @@ import pytest
 
 from aiolock import ClientClosedError
 from aiolock._core.waiting.parking import Parked, ParkingLot
-from aiolock._primitives.lock import _Turn
+from aiolock._primitives.lock_queue import _Turn
 
 
 async def wait(lot: ParkingLot[Parked], deadline: float | None = None) -> Any:
@@ -204,10 +204,10 @@ async def test_close_fails_every_parked_waiter_with_its_own_error() -> None:
 
 
 async def test_compaction_bounds_dead_entries_and_keeps_removal_amortised_o1() -> None:
-    """10,000 waiters leave one by one (the last stays): the lot never holds
+    """2,000 waiters leave one by one (the last stays): the lot never holds
     more than about twice the live entries, and all compactions together
     scan a small multiple of the waiters (amortised O(1) per departure)."""
-    n = 10_000
+    n = 2_000  # many times SLACK: compactions happen all the way down
     lot: ParkingLot[Parked] = ParkingLot()
     tasks = [asyncio.create_task(wait(lot)) for _ in range(n)]
     await settle()
@@ -230,7 +230,7 @@ async def test_compaction_bounds_dead_entries_and_keeps_removal_amortised_o1() -
 
 async def test_cancelling_all_at_once_leaves_a_small_lot() -> None:
     lot: ParkingLot[Parked] = ParkingLot()
-    tasks = [asyncio.create_task(wait(lot)) for _ in range(5_000)]
+    tasks = [asyncio.create_task(wait(lot)) for _ in range(1_000)]
     await settle()
     for task in tasks:
         task.cancel()

@@ -90,7 +90,7 @@ def test_backoff_validation_and_shape() -> None:
 
 def test_ttl_hint_never_waits_a_lease_for_an_expiring_holder() -> None:
     """PTTL 0 (under a millisecond left) once made a waiter sleep a whole lease."""
-    from aiolock._primitives.base import ttl_hint
+    from aiolock._primitives.compete import ttl_hint
 
     assert ttl_hint(-1) is None  # no TTL: wait for the release message
     assert ttl_hint(0) == 0.001

@@ -4,7 +4,7 @@
 options are validated) and gives the result to the Engine it makes;
 ``ClientStatistics`` is what ``Client.statistics()`` returns, and
 ``LockStatistics`` what every primitive's ``statistics()`` returns (built in
-one place: ``lock_statistics`` in ``_primitives/base.py``).
+one place: ``lock_statistics`` in ``_primitives/stats.py``).
 """
 
 from __future__ import annotations

@@ -48,7 +48,8 @@ from .._core.protocol.keys import FairKeys
 from .._core.validate import to_ms
 from .._core.waiting.listener import WAKE_ALL, Channel
 from .._core.waiting.parking import Parked, ParkingLot
-from .base import Entry, SingleHolder, compete, current_task, ttl_hint
+from .base import Entry, SingleHolder, current_task
+from .compete import compete, ttl_hint
 
 if TYPE_CHECKING:
     from .._core.view import EngineView

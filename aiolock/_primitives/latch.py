@@ -11,7 +11,9 @@ from .._core.holds.lease import Hold
 from .._core.options import LockStatistics
 from .._core.protocol.keys import LatchKeys
 from .._core.validate import check_timeout
-from .base import Primitive, compete, lock_statistics
+from .base import Primitive
+from .compete import compete
+from .stats import lock_statistics
 
 if TYPE_CHECKING:
     from .._core.view import EngineView

@@ -18,8 +18,10 @@ from .._core.observe.observer import Observer
 from .._core.options import LockStatistics
 from .._core.protocol.slots import slot_of
 from .._core.validate import check_seconds, to_ms
-from .base import Acquirable, Entry, compete, current_task, ttl_hint
-from .lock import AsyncLock, LocalQueue, new_queue
+from .base import Acquirable, Entry, current_task
+from .compete import compete, ttl_hint
+from .lock import AsyncLock, new_queue
+from .lock_queue import LocalQueue
 from .spin import SpinLock
 
 if TYPE_CHECKING:

@@ -28,6 +28,9 @@ in Redis (like AsyncLock); readers each compete, since many may hold at once.
 Re-entries never make a round trip, and neither does the refusal of an
 upgrade (a task holding read that asks for write gets LockUpgradeError at
 once: waiting would deadlock, as Redisson does in its issue #4796).
+
+The local state per name is in ``rwlock_state.py``, the acquire paths
+(``ReadWriteCore``, which ``ReadWriteLock`` extends) in ``rwlock_core.py``.
 """
 
 from __future__ import annotations
@@ -36,182 +39,20 @@ import asyncio
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .._core.errors import LockNotOwnedError, LockTimeoutError, LockUpgradeError
+from .._core.errors import LockNotOwnedError
 from .._core.holds.lease import Hold, Lease
 from .._core.observe.observer import Observer
-from .._core.protocol.keys import RWKeys
-from .._core.validate import to_ms
-from .._core.waiting.notify import Waiter
-from .._core.waiting.parking import Parked, ParkingLot
-from .base import Acquirable, Entry, Primitive, compete, current_task, describe_holders
+from .base import Acquirable, Entry
+from .rwlock_core import ReadWriteCore
+from .stats import describe_holders
 
 if TYPE_CHECKING:
-    from .._core.holds.undo import Call
     from .._core.view import EngineView
 
 __all__ = ["ReadLock", "ReadWriteLock", "WriteLock"]
 
 
-class _RWState:
-    """One read-write lock name in one Client: its local holds and waiters.
-
-    ``hold`` is the local write hold and ``writers`` the local FIFO of
-    writers (a ParkingLot): only one local writer at a time (the holder, or
-    the head of the queue, ``busy``) deals with Redis. ``reads`` maps each task to its read hold;
-    readers each compete in Redis. Removes itself from ``client.states``
-    when idle.
-    """
-
-    __slots__ = (
-        "busy",
-        "competing",
-        "engine",
-        "hold",
-        "key",
-        "parked_reads",
-        "pending_reads",
-        "reads",
-        "writers",
-    )
-
-    def __init__(self, engine: EngineView, key: str) -> None:
-        self.engine = engine
-        self.key = key
-        self.hold: Hold | None = None
-        self.busy = False
-        self.competing = False
-        # Waiting writers, FIFO (see _core/waiting/parking.py).
-        self.writers: ParkingLot[Parked] = ParkingLot()
-        self.reads: dict[asyncio.Task[Any], Hold] = {}
-        self.pending_reads = 0  # read acquires under way
-        self.parked_reads = 0  # of which parked, waiting for a wake-up
-
-    # -- what the Client asks of a local state -------------------------------------------
-
-    def holds(self) -> list[Hold]:
-        held = list(self.reads.values())
-        if self.hold is not None:
-            held.insert(0, self.hold)
-        return held
-
-    def waiting(self) -> int:
-        return len(self.writers) + (1 if self.competing else 0) + self.parked_reads
-
-    def close(self) -> None:
-        self.writers.close()
-
-    # -- parking hooks for compete() ------------------------------------------------------
-
-    def set_competing(self, value: bool) -> None:
-        self.competing = value
-
-    def set_reader_parked(self, value: bool) -> None:
-        self.parked_reads += 1 if value else -1
-
-    # -- the local FIFO of writers --------------------------------------------------------
-
-    async def turn(self, deadline: float | None) -> None:
-        """Wait, FIFO, until this writer may deal with Redis."""
-        loop = asyncio.get_running_loop()
-        if deadline is not None and deadline <= loop.time():
-            raise LockTimeoutError("the write lock is busy and the timeout allowed no wait")
-        fut: asyncio.Future[bool] = loop.create_future()
-        writers = self.writers
-        timer = writers.park(Parked(fut), deadline)
-        try:
-            got = await fut
-        except asyncio.CancelledError:
-            if ParkingLot.handed(fut):
-                self.pass_turn()  # our turn came, but we will not take it
-            raise
-        finally:
-            writers.unparked(timer)
-        if not got:
-            raise LockTimeoutError("timed out waiting for the write lock")
-
-    def pass_turn(self) -> None:
-        if self.writers.unpark(True) is not None:
-            return
-        self.busy = False
-        self.drop_if_idle()
-
-    def hold_ended(self, hold: Hold) -> None:
-        if self.hold is hold:
-            self.hold = None
-            self.pass_turn()
-            return
-        task = hold.task
-        if task is not None and self.reads.get(task) is hold:
-            del self.reads[task]
-        self.drop_if_idle()
-
-    def drop_if_idle(self) -> None:
-        if (
-            self.hold is None
-            and not self.busy
-            and not self.writers
-            and not self.reads
-            and not self.competing
-            and self.pending_reads == 0
-            and self.parked_reads == 0
-        ):
-            self.engine.drop_state(self.key, self)
-
-
-async def _released(hold: Hold) -> None:
-    """Wait until the release of ``hold`` under way has finished, however it
-    ends. Cancelling the wait does not stop the release."""
-    releasing = hold.releasing
-    if releasing is not None:
-        try:
-            await asyncio.shield(releasing)
-        except Exception:
-            pass  # the release reported its own failure (the hold is lost)
-
-
-class _WaitEntry:
-    """A waiting writer's entry in ``<key>:wq``, kept alive by the watchdog (Renewable)."""
-
-    __slots__ = (
-        "engine",
-        "expires_at",
-        "registered",
-        "renew_args",
-        "renew_key",
-        "renew_script",
-        "watched",
-    )
-
-    def __init__(self, engine: EngineView, wq_key: str, member: str) -> None:
-        self.engine = engine
-        self.renew_script = "rw_renew_wait"
-        self.renew_key = wq_key
-        self.renew_args: tuple[Any, ...] = (member,)
-        self.expires_at = 0.0
-        self.registered = False  # it may be in Redis: undo it when giving up
-        self.watched = False
-
-    def added(self, sent: float) -> None:
-        self.registered = True
-        self.expires_at = max(self.expires_at, sent + self.engine.lease)
-        if not self.watched:
-            self.watched = True
-            self.engine.renew(self)
-
-    def renewed(self, sent: float, lease: float) -> None:
-        self.expires_at = max(self.expires_at, sent + lease)
-
-    def gone(self, reason: str) -> None:
-        # Expired or dropped: the next refused attempt registers it again.
-        self.stop()
-
-    def stop(self) -> None:
-        if self.watched:
-            self.watched = False
-            self.engine.untrack(self)
-
-
-class ReadWriteLock(Primitive):
+class ReadWriteLock(ReadWriteCore):
     """A distributed read-write lock: ``rw.read`` (shared) and ``rw.write`` (exclusive).
 
     Both views have the full :class:`AsyncLock` API (``acquire``,
@@ -260,249 +101,12 @@ class ReadWriteLock(Primitive):
 
     __slots__ = ("read", "write")
 
-    _keys_type = RWKeys
-    _names: RWKeys
-
     def __init__(self, engine: EngineView, name: str) -> None:
         super().__init__(engine, name)
         #: The shared side: many holders at once.
         self.read = ReadLock(self)
         #: The exclusive side.
         self.write = WriteLock(self)
-
-    # -- local state ------------------------------------------------------------------------
-
-    def _local(self) -> _RWState | None:
-        state: _RWState | None = self._engine.peek_state(self._names.local)
-        return state
-
-    def _local_or_new(self) -> _RWState:
-        return self._engine.state(self._names.local, _new_state, self)
-
-    def _writer_waiter(self) -> Waiter:
-        return self._engine.waiter(self._names.wchannel, self._names.wsignal)
-
-    # -- script calls in the background ------------------------------------------------
-
-    def _unwait_call(self, owner: str, nonce: str) -> Call:
-        args = (f"{owner}#{nonce}", self._channel, self._names.wchannel)
-        return ("rw_unwait", self._names.unwait, args)
-
-    def _write_replied(self, reply: Any, calls: tuple[Call, ...]) -> tuple[Call, ...]:
-        """The undo of a write acquire whose reply came after its caller gave up
-        (see ``Engine.undo``): release the hold it took, or leave the writers'
-        queue it joined."""
-        code = int(reply[0]) if reply else 0
-        name, keys, (owner, _, channel, wchannel, nonce) = calls[0]
-        if code == 1:
-            return ((name, keys, (owner, int(reply[1]), channel, wchannel, nonce)),)
-        if code == 2:
-            return (self._unwait_call(owner, nonce),)
-        return ()
-
-    # -- acquire ---------------------------------------------------------------------------
-
-    async def _acquire_read(self, timeout: float | None, lease: float | None) -> Lease:
-        engine = self._engine
-        loop = engine.enter()
-        task = current_task()
-        state = self._local()
-        if state is not None:
-            held = state.reads.get(task)
-            if held is not None:
-                if held.releasing is None:
-                    return held.new_lease()
-                await _released(held)  # no re-entry into a hold being released
-        state = self._local_or_new()
-        deadline = None if timeout is None else loop.time() + timeout
-        state.pending_reads += 1
-        try:
-            hold = await self._compete_read(state, task, lease, deadline)
-        finally:
-            state.pending_reads -= 1
-            state.drop_if_idle()
-        return hold.new_lease()
-
-    async def _compete_read(
-        self,
-        state: _RWState,
-        task: asyncio.Task[Any],
-        lease: float | None,
-        deadline: float | None,
-    ) -> Hold:
-        engine = self._engine
-        owner = engine.owner(task)
-        lease_s = engine.lease if lease is None else lease
-        keys = self._names.acquire_read
-        nonce = str(engine.attempt_id())
-        names = self._names
-        args = (
-            owner,
-            to_ms(lease_s),
-            engine.retention_ms,
-            engine.id,
-            nonce,
-            names.channel,
-            names.wchannel,
-        )
-        # Unknown whether it ran: release this call's read hold, if any.
-        undo = engine.undo(
-            (
-                (
-                    "rw_release_read",
-                    self._names.release_read,
-                    (owner, "", self._names.wchannel, nonce),
-                ),
-            ),
-            _read_replied,
-        )
-
-        loop = asyncio.get_running_loop()
-        tried = (*args[:3], "", *args[4:])  # a try that will not wait: not recorded as parked
-
-        async def attempt() -> tuple[int | None, float | None]:
-            will_wait = deadline is None or deadline > loop.time()
-            reply = await engine.eval("rw_acquire_read", keys, args if will_wait else tried, undo)
-            if int(reply[0]) == 1:
-                return int(reply[1]), None
-            return None, max(int(reply[1]), 1) / 1000.0
-
-        token, sent = await compete(
-            engine,
-            what=f"read lock {self.name!r}",
-            deadline=deadline,
-            attempt=attempt,
-            waiter=self._waiter,
-            abandon=undo.abandon,
-            parked=state.set_reader_parked,
-        )
-        hold = state.reads[task] = engine.new_hold(
-            self.name,
-            owner,
-            token,
-            task,
-            lease,
-            lease_s,
-            sent,
-            release=(
-                "rw_release_read",
-                self._names.release_read,
-                (owner, token, self._names.wchannel, nonce),
-            ),
-            renew=("rw_renew", self._key, ("r", owner, token)),
-            on_detach=state.hold_ended,
-            kind="read_lock",
-        )
-        return hold
-
-    async def _acquire_write(self, timeout: float | None, lease: float | None) -> Lease:
-        engine = self._engine
-        loop = engine.enter()
-        task = current_task()
-        state = self._local()
-        if state is not None:
-            held = state.hold
-            if held is not None and held.task is task and held.releasing is None:
-                return held.new_lease()
-            # (A write hold being released is not re-entered: the lock is busy,
-            # so this task queues up below and gets a new hold after it.)
-            read = state.reads.get(task)
-            if read is not None and read.releasing is not None:
-                await _released(read)
-            elif read is not None:
-                raise LockUpgradeError(
-                    f"read-write lock {self.name!r}: this task holds the read lock and asked "
-                    "for the write lock, which would wait for itself for ever; release the "
-                    "read lock first (or take the write lock first, then read: a downgrade)"
-                )
-        state = self._local_or_new()
-        deadline = None if timeout is None else loop.time() + timeout
-        if state.busy:
-            await state.turn(deadline)
-        else:
-            state.busy = True
-        try:
-            hold = await self._compete_write(state, task, lease, deadline)
-        except BaseException:
-            state.pass_turn()
-            raise
-        return hold.new_lease()
-
-    async def _compete_write(
-        self,
-        state: _RWState,
-        task: asyncio.Task[Any],
-        lease: float | None,
-        deadline: float | None,
-    ) -> Hold:
-        engine = self._engine
-        loop = asyncio.get_running_loop()
-        owner = engine.owner(task)
-        lease_s = engine.lease if lease is None else lease
-        keys = self._names.acquire_write
-        lease_ms = to_ms(lease_s)
-        nonce = str(engine.attempt_id())
-        # Unknown whether it ran: drop this call's write hold and waiting entry, if any.
-        undo = engine.undo(
-            (
-                (
-                    "rw_release_write",
-                    self._names.release_write,
-                    (owner, "", self._channel, self._names.wchannel, nonce),
-                ),
-            ),
-            self._write_replied,
-        )
-        entry = _WaitEntry(engine, self._names.wq, f"{owner}#{nonce}")
-        wchannel = self._names.wchannel
-
-        async def attempt() -> tuple[int | None, float | None]:
-            sent = loop.time()
-            # Register as a waiting writer only if we may wait after this try.
-            wait_ms = engine.lease_ms if deadline is None or deadline > sent else 0
-            args = (owner, lease_ms, engine.retention_ms, wait_ms, nonce, self._channel, wchannel)
-            reply = await engine.eval("rw_acquire_write", keys, args, undo)
-            code = int(reply[0])
-            if code == 1:
-                return int(reply[1]), None
-            if code == 2:
-                entry.added(sent)
-            return None, max(int(reply[1]), 1) / 1000.0
-
-        try:
-            token, sent = await compete(
-                engine,
-                what=f"write lock {self.name!r}",
-                deadline=deadline,
-                attempt=attempt,
-                waiter=self._writer_waiter,
-                abandon=undo.abandon,
-                parked=state.set_competing,
-            )
-        except BaseException:
-            if entry.registered:
-                engine.clean_up(*self._unwait_call(owner, nonce))
-            raise
-        finally:
-            entry.stop()
-        hold = state.hold = engine.new_hold(
-            self.name,
-            owner,
-            token,
-            task,
-            lease,
-            lease_s,
-            sent,
-            release=(
-                "rw_release_write",
-                self._names.release_write,
-                (owner, token, self._channel, self._names.wchannel, nonce),
-            ),
-            renew=("rw_renew", self._key, ("w", owner, token)),
-            on_detach=state.hold_ended,
-            kind="write_lock",
-        )
-        return hold
 
     # -- queries shared by the views ------------------------------------------------------
 
@@ -730,17 +334,3 @@ class WriteLock(_Side):
         if writer_ms < 0:
             return None
         return writer_ms / 1000.0
-
-
-def _new_state(core: ReadWriteLock) -> _RWState:
-    """The local state of ``core``'s name (``Engine.state``'s factory)."""
-    return _RWState(core._engine, core._names.local)
-
-
-def _read_replied(reply: Any, calls: tuple[Call, ...]) -> tuple[Call, ...]:
-    """The undo of a read acquire whose reply came after its caller gave up
-    (see ``Engine.undo``): release the hold it took, by its token."""
-    if reply and int(reply[0]) == 1:
-        name, keys, (owner, _, wchannel, nonce) = calls[0]
-        return ((name, keys, (owner, int(reply[1]), wchannel, nonce)),)
-    return ()

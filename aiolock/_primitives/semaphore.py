@@ -29,11 +29,10 @@ from .base import (
     OnLost,
     Primitive,
     check_on_lost,
-    compete,
     current_task,
-    describe_holders,
-    lock_statistics,
 )
+from .compete import compete
+from .stats import describe_holders, lock_statistics
 
 if TYPE_CHECKING:
     from .._core.holds.undo import Call

@@ -7,7 +7,8 @@ below ``cli``. Its parts, each on the one below:
 
 * ``lock``: ``Redlock`` (checks its Clients, makes locks) and
   ``RedlockLock``, a primitive built from the shared base
-  (``_primitives/base.py``: ``HeldByTask``, ``compete``, ``Hold``/``Lease``).
+  (``_primitives/base.py``: ``HeldByTask``; ``_primitives/compete.py``: ``compete``;
+  ``Hold``/``Lease``).
 * ``quorum``: ``QuorumEngine``, Redlock's engine over the masters' Engines.
   It offers what the shared machinery uses of an Engine (``Contender``,
   ``HoldEngine``, ``Renewer``): a plain ``Watchdog`` renews its holds.

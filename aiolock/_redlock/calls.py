@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .._core.errors import AiolockError, ClientClosedError, ConnectionFailedError
 from .._core.protocol.keys import RedlockKeys
 from .._core.waiting.notify import Waiter
-from .._primitives.base import TRANSIENT
+from .._primitives.compete import TRANSIENT
 
 if TYPE_CHECKING:
     from .._core.engine import Engine

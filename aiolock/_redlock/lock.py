@@ -19,7 +19,8 @@ from .._core.observe.observer import FIXED_LEASE_EXPIRED, Observer
 from .._core.protocol.keys import lost_prefix
 from .._core.validate import check_name
 from .._core.waiting.notify import Waiter
-from .._primitives.base import HeldByTask, compete
+from .._primitives.base import HeldByTask
+from .._primitives.compete import compete
 from .attempt import MASTER_TIMEOUT
 from .calls import AnyWaiter, Master, quorum, too_few
 from .quorum import QuorumEngine

@@ -3,7 +3,7 @@
 ``QuorumEngine`` offers the interfaces the shared machinery already uses of
 an ``Engine``, each answered by a majority of the masters:
 
-* ``Contender`` (``compete`` in _primitives/base.py): ``loop``, ``closed``,
+* ``Contender`` (``compete`` in _primitives/compete.py): ``loop``, ``closed``,
   ``lease``, ``command_timeout``, ``unreachable``;
 * ``HoldEngine`` (_core/holds/lease.py: ``Hold`` and ``Lease``): ``release_hold``,
   ``extend_hold``, ``untrack``, ``run_callback``, ``check_usable``,

@@ -1,6 +1,6 @@
 """What aiolock keeps in Redis for one name, read back as a typed description.
 
-Pure: no I/O. ``aiolock.cli.ops`` reads the keys of a name (``RawName``, one
+Pure: no I/O. ``aiolock.cli.ops_connect`` reads the keys of a name (``RawName``, one
 pipelined round trip: every kind's declared parts) and ``describe`` turns
 them into a ``NameState``: one ``Primitive`` per anchor found under that
 name (its main key is a lock, fair lock, read-write lock, semaphore or

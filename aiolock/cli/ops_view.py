@@ -20,7 +20,7 @@ __all__ = ["PlainView", "RichView", "Target", "View", "make_view"]
 
 
 class Target(Protocol):
-    """Where ``top`` looks (``ops.Target``): its URL and key prefix."""
+    """Where ``top`` looks (``ops_connect.Target``): its URL and key prefix."""
 
     @property
     def url(self) -> str: ...
