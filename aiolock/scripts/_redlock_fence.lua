@@ -49,6 +49,9 @@ local function counter(fence_key, id)
     return false
 end
 
+-- Lua 5.1 (Redis, Valkey) has the global unpack, Lua 5.4 table.unpack.
+local unpack = table.unpack or unpack
+
 local function add_roster(roster_key, from)
     if #ARGV >= from and redis.call('EXISTS', roster_key) == 0 then
         redis.call('SADD', roster_key, unpack(ARGV, from))

@@ -72,6 +72,9 @@ end
 -- check_some(keys, t1, t2, ...)   check_types, at the cost of one EXISTS when
 --   none of the keys exists (keys written only when someone waits: waiting
 --   sets, wake-up lists, release records).
+-- Lua 5.1 (Redis, Valkey) has the global unpack, Lua 5.4 table.unpack.
+local unpack = table.unpack or unpack
+
 local function check_some(keys, ...)
     if redis.call('EXISTS', unpack(keys)) > 0 then
         check_types(keys, ...)
