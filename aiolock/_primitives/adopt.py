@@ -42,7 +42,7 @@ from .._core.validate import to_ms
 from .fair import _MODES, FairLock
 from .lock import AsyncLock, new_queue
 from .rwlock import ReadWriteLock
-from .semaphore import Permit, Semaphore, _new_state
+from .semaphore import Permit, Semaphore, new_state
 from .spin import SpinLock
 
 if TYPE_CHECKING:
@@ -255,7 +255,7 @@ async def _adopt_permit(engine: EngineView, sem: Semaphore, h: Handle) -> Lease:
     )
     lease_ms = engine.lease_ms if h.watchdog else 0
     args, back, release = _calls("sem_adopt", keys, h, member, lease_ms, release)
-    state = engine.state(names.local, _new_state, sem)
+    state = engine.state(names.local, new_state, sem)
     state.active += 1
     try:
         sent, left, confirmed = await _run(engine, "sem_adopt", keys, args, (back, release), h)
