@@ -22,11 +22,13 @@ from redis.exceptions import RedisClusterException
 
 from ._core.engine import Engine
 from ._core.errors import InvalidArgumentError, InvalidArgumentTypeError, sentence
+from ._core.holds.lease import Lease
 from ._core.observe.observer import LockLabel
 from ._core.options import ClientStatistics, Notify, Scripting, check_options, check_sentinels
 from ._core.protocol.keys import main_key
 from ._core.waiting.notify import Backoff
 from ._primitives import fenced
+from ._primitives.adopt import adopt
 from ._primitives.election import Election
 from ._primitives.fair import FairLock
 from ._primitives.latch import Latch
@@ -349,6 +351,17 @@ class Client:
         """A distributed count-down latch."""
 
         return Latch(self._engine, name, count)
+
+    async def adopt(self, handle: str) -> Lease:
+        """Take over a hold another Client gave out as ``lease.handle`` (in any
+        process): a Lease of the same hold (same name, same fencing token),
+        owned by the calling task, renewed by this Client if the original was
+        renewed, and released through it. The giving Client's lease then
+        reports ``released``, not lost. A handle is adopted once: a stale or
+        already adopted one raises LockNotOwnedError; a malformed one
+        InvalidArgumentError (a ValueError), before any round trip. See
+        ``aiolock/_primitives/adopt.py`` and the README ("Handing a hold over")."""
+        return await adopt(self._engine, handle)
 
     def singleflight(
         self,

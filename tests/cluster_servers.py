@@ -31,7 +31,7 @@ from typing import Self, TypeVar
 import redis
 from redis.crc import key_slot
 
-from tests.servers import LOOPBACK, ServerKind, ServerProcess, binary_for, binary_major
+from tests.servers import LOOPBACK, ServerKind, ServerProcess, binary_major, server_binary
 
 SLOTS = 16384
 #: Default bound of every wait in this module (formation, failover, agreement).
@@ -240,9 +240,7 @@ class ClusterProcess:
         replicas: int = 1,
         node_timeout_ms: int = 1000,
     ) -> None:
-        exe = binary or binary_for(kind)
-        if exe is None:
-            raise FileNotFoundError(f"no {kind}-server binary found")
+        exe = server_binary(kind, binary)
         if masters < 1 or replicas < 0:
             raise ValueError("need at least one master and a non-negative replica count")
         self.kind: ServerKind = kind

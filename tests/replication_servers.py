@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Self, TypeVar
 
-from tests.servers import LOOPBACK, ServerKind, ServerProcess, TcpProxy, binary_for
+from tests.servers import LOOPBACK, ServerKind, ServerProcess, TcpProxy, server_binary
 
 __all__ = ["ReplicatedPair"]
 
@@ -40,9 +40,7 @@ class ReplicatedPair:
     """A master, and a replica of it through a ``TcpProxy`` (see the module docstring)."""
 
     def __init__(self, kind: ServerKind, binary: str | None = None) -> None:
-        exe = binary or binary_for(kind)
-        if exe is None:
-            raise FileNotFoundError(f"no {kind}-server binary found")
+        exe = server_binary(kind, binary)
         self.kind = kind
         self.binary = exe
         # No 5 s wait for more replicas before a full sync starts.

@@ -31,7 +31,7 @@ from typing import Any, Self
 import redis
 
 from aiolock import _servers as launcher
-from tests.servers import LOOPBACK, ServerKind, ServerProcess, binary_for
+from tests.servers import LOOPBACK, ServerKind, ServerProcess, server_binary
 
 SERVICE = "aiolock-svc"
 DOWN_AFTER_MS = 2000
@@ -108,9 +108,7 @@ class SentinelSet:
     """1 master + 2 replicas + 3 Sentinels of one kind (see the module)."""
 
     def __init__(self, kind: ServerKind, binary: str | None = None) -> None:
-        exe = binary or binary_for(kind)
-        if exe is None:
-            raise FileNotFoundError(f"no {kind}-server binary found")
+        exe = server_binary(kind, binary)
         self.kind = kind
         self.binary = exe
         self.service = SERVICE

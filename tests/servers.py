@@ -70,6 +70,14 @@ def binary_for(kind: ServerKind) -> str | None:
     return redis_binary() if kind == "redis" else start_valkey_binary()
 
 
+def server_binary(kind: ServerKind, binary: str | None = None) -> str:
+    """``binary`` if given, else the ``kind`` server found here; FileNotFoundError if none."""
+    exe = binary or binary_for(kind)
+    if exe is None:
+        raise FileNotFoundError(f"no {kind}-server binary found")
+    return exe
+
+
 def _ping_once(host: str, port: int, timeout: float) -> bool:
     """One raw RESP PING; True iff the server answered +PONG."""
     return launcher.ping(host, port, timeout=timeout) == "+PONG"
@@ -272,9 +280,7 @@ class ServerProcess(RedisServer):
         port: int | None = None,
         extra_args: tuple[str, ...] = (),
     ) -> None:
-        exe = binary or binary_for(kind)
-        if exe is None:
-            raise FileNotFoundError(f"no {kind}-server binary found")
+        exe = server_binary(kind, binary)
         super().__init__(LOOPBACK, port or 0, kind)
         self.binary = exe
         self._process = launcher.ServerProcess(

@@ -122,11 +122,12 @@ async def _chain(
     return got
 
 
-async def _lock(make: Make) -> None:
+async def _one_per_client(make: Make, lock_of: Callable[[Client, str], Any]) -> None:
+    """A holder, then one waiter with a short fixed lease in each of N other Clients."""
     name = _name()
     clients = [await make() for _ in range(N + 1)]
-    first = await clients[0].lock(name).acquire()
-    locks = [c.lock(name) for c in clients[1:]]
+    first = await lock_of(clients[0], name).acquire()
+    locks = [lock_of(c, name) for c in clients[1:]]
 
     async def queued(i: int) -> bool:
         return parked(clients[i + 1]) == 1
@@ -134,6 +135,10 @@ async def _lock(make: Make) -> None:
     waiters = [partial(lk.acquire, lease=SHORT) for lk in locks]
     got = await _chain(waiters, queued, first.release)
     assert len(got) == N
+
+
+async def _lock(make: Make) -> None:
+    await _one_per_client(make, lambda c, name: c.lock(name))
 
 
 async def _lock_grant_then_shorter_handoff(make: Make) -> None:
@@ -209,17 +214,7 @@ async def _fair_lock_one_client(make: Make) -> None:
 
 
 async def _rw_write(make: Make) -> None:
-    name = _name()
-    clients = [await make() for _ in range(N + 1)]
-    first = await clients[0].rw_lock(name).write.acquire()
-    sides = [c.rw_lock(name).write for c in clients[1:]]
-
-    async def queued(i: int) -> bool:
-        return parked(clients[i + 1]) == 1
-
-    waiters = [partial(side.acquire, lease=SHORT) for side in sides]
-    got = await _chain(waiters, queued, first.release)
-    assert len(got) == N
+    await _one_per_client(make, lambda c, name: c.rw_lock(name).write)
 
 
 async def _rw_read_behind_a_writer(make: Make) -> None:

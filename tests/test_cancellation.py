@@ -13,9 +13,17 @@ from typing import Any
 
 import pytest
 
-from aiolock import Client, Lease
+from aiolock import Client
 from aiolock._core.waiting.listener import Channel
-from tests.core_util import assert_clean, cancel_at_random, eventually, parked_on_channels
+from tests.core_util import (
+    Exclusive,
+    assert_clean,
+    cancel_at_random,
+    cancel_release,
+    eventually,
+    parked_on_channels,
+    use_exclusively,
+)
 from tests.servers import RedisServer
 
 
@@ -91,12 +99,7 @@ async def test_woken_head_cancelled_passes_turn_on(client: Client) -> None:
 async def test_cancelled_release_still_completes(client: Client, server: RedisServer) -> None:
     lock = client.lock("rel")
     lease = await lock.acquire()
-    task = asyncio.create_task(lease.release())
-    await asyncio.sleep(0)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await eventually(lambda: server.execute("EXISTS", "c:{rel}") == 0, what="release in Redis")
+    await cancel_release(lease, server, "c:{rel}")
     await assert_clean(client)
     await lease.release()  # a retry after the cancelled call: idempotent, no error
 
@@ -186,41 +189,11 @@ async def test_random_cancellation_fuzz(
 
 async def _fuzz(clients: list[Client], server: RedisServer, seed: int) -> None:
     rng = random.Random(seed)
-    inside = 0
-    acquired = 0
-    cancelled = 0
+    section = Exclusive()
 
     async def contender(c: Client) -> None:
-        nonlocal inside, acquired
-        lock = c.lock("fuzz")
-        mode = rng.random()
-        if mode < 0.5:
-            async with lock:
-                inside += 1
-                try:
-                    assert inside == 1
-                    acquired += 1
-                    await asyncio.sleep(0)
-                finally:
-                    inside -= 1
-        elif mode < 0.8:
-            lease: Lease | None = await lock.try_acquire(rng.choice([0.0, 0.002, 0.05]))
-            if lease is not None:
-                inside += 1
-                assert inside == 1
-                acquired += 1
-                inside -= 1
-                await lease.release()
-        else:
-            # A fixed lease is woken, a watchdog lease granted (scripts/_wake.lua).
-            lease = await lock.acquire(
-                timeout=rng.choice([0.001, 0.01, 1.0]), lease=rng.choice([None, 30.0])
-            )
-            inside += 1
-            assert inside == 1
-            acquired += 1
-            inside -= 1
-            await lease.release()
+        # A fixed lease is woken, a watchdog lease granted (scripts/_wake.lua).
+        await use_exclusively(c.lock("fuzz"), rng, section, leases=[None, 30.0])
 
     cancelled = await cancel_at_random(
         rng,
@@ -229,7 +202,7 @@ async def _fuzz(clients: list[Client], server: RedisServer, seed: int) -> None:
         share=0.7,
         delay=lambda rng: rng.choice([0.0, rng.uniform(0, 0.002), rng.uniform(0, 0.01)]),
     )
-    assert acquired > 100 and cancelled > 300, (acquired, cancelled)
+    assert section.entered > 100 and cancelled > 300, (section.entered, cancelled)
     await assert_clean(*clients)
     assert server.execute("EXISTS", "c:{fuzz}") == 0
     # Every waiter that gave up left the waiting set (and released any grant).

@@ -33,7 +33,7 @@ import pytest
 from aiolock import Client, LockLostError, LockTimeoutError, Redlock
 from tests.conftest import KINDS as BACKENDS
 from tests.conftest import MATRIX_BACKENDS, URL_ENV, healthy_pair, pairwise_skips
-from tests.core_util import assert_clean, eventually
+from tests.core_util import assert_clean, cancel_at_random, eventually, take_briefly
 from tests.sentinel_servers import SERVICE
 from tests.servers import RedisServer
 
@@ -404,28 +404,14 @@ async def test_fencing_tokens_increase(setup: Setup) -> None:
 async def test_random_cancellation_leaves_nothing(setup: Setup) -> None:
     kind = setup.kind
     rng = random.Random(7)
-    loop = asyncio.get_running_loop()
-
-    async def contender(side: Side) -> None:
-        prim = kind.make(side.maker, "z")
-        if rng.random() < 0.5:
-            async with prim:
-                await asyncio.sleep(0)
-        else:
-            lease = await prim.try_acquire(wait=rng.choice([0.0, 0.01]))
-            if lease is not None:
-                await lease.release()
-
-    for _ in range(40):
-        tasks = [asyncio.create_task(contender(rng.choice(setup.sides))) for _ in range(6)]
-        for task in tasks:
-            if rng.random() < 0.7:
-                loop.call_later(rng.uniform(0, 0.004), task.cancel)
-        for result in await asyncio.gather(*tasks, return_exceptions=True):
-            if isinstance(result, BaseException) and not isinstance(
-                result, asyncio.CancelledError | TimeoutError
-            ):
-                raise result
+    await cancel_at_random(
+        rng,
+        lambda: take_briefly(kind.make(rng.choice(setup.sides).maker, "z"), rng),
+        rounds=40,
+        share=0.7,
+        delay=lambda rng: rng.uniform(0, 0.004),
+        tasks=6,
+    )
     await asyncio.sleep(0.01)
     await setup.clean()
     # No hold is left, and every key that remains expires by itself (fence

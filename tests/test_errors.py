@@ -12,7 +12,6 @@ import inspect
 import logging
 import re
 import socket
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -37,7 +36,7 @@ from aiolock import (
     WrongTypeError,
 )
 from aiolock._core import errors as _errors
-from tests.core_util import assert_clean, eventually
+from tests.core_util import assert_clean, eventually, off_thread
 from tests.servers import RedisServer, ServerProcess, TcpProxy
 
 Call = Callable[[], Awaitable[Any]]
@@ -520,22 +519,13 @@ async def test_wrong_event_loop_explains_the_usual_cause(server: RedisServer) ->
     async with Client.from_url(server.url, prefix="e") as client:
         lock = client.lock("loop")
         await lock.is_locked()  # bound to this loop
-        errors: list[BaseException] = []
 
-        def other_loop() -> None:
-            async def use() -> None:
-                await lock.acquire()
+        async def use() -> None:
+            await lock.acquire()
 
-            try:
-                asyncio.run(use())
-            except BaseException as exc:
-                errors.append(exc)
-
-        thread = threading.Thread(target=other_loop)
-        thread.start()
-        await asyncio.to_thread(thread.join)
-        [error] = errors
-        assert isinstance(error, WrongEventLoopError)
+        with pytest.raises(WrongEventLoopError) as raised:
+            off_thread(lambda: asyncio.run(use()))
+        error = raised.value
         for words in ("fixture", "module level", "one Client per event loop"):
             assert words in str(error), str(error)
         assert not await lock.is_locked()

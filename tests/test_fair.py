@@ -35,11 +35,14 @@ from aiolock._primitives.fair import FairLock, _FairState
 from aiolock.testing import seam
 from tests.conftest import MakeClient
 from tests.core_util import (
+    Exclusive,
     assert_clean,
+    assert_refuses_bad_arguments,
     blocked_clients,
     cancel_at_random,
     eventually,
     pubsub_subscribers,
+    use_exclusively,
 )
 from tests.servers import RedisServer
 
@@ -194,15 +197,7 @@ async def test_bad_input_is_refused_before_any_round_trip(url: str) -> None:
             client.fair_lock("")
         with pytest.raises(InvalidArgumentTypeError):
             client.fair_lock(7)  # type: ignore[arg-type]
-        lock = client.fair_lock("bad")
-        with pytest.raises(InvalidArgumentError):
-            await lock.acquire(timeout=-1)
-        with pytest.raises(InvalidArgumentError):
-            await lock.acquire(lease=0)
-        with pytest.raises(InvalidArgumentTypeError):
-            await lock.try_acquire("1")  # type: ignore[arg-type]
-        with pytest.raises(InvalidArgumentError):
-            lock(on_lost="maybe")  # type: ignore[call-overload]
+        await assert_refuses_bad_arguments(client.fair_lock("bad"))
         assert client.statistics().command_connects == 0
 
 
@@ -641,38 +636,13 @@ async def test_random_cancellation_fuzz(clients: list[Client], server: RedisServ
     renewal or key is left (list-mode signal lists expire by themselves).
     """
     rng = random.Random(4)
-    inside = 0
-    acquired = 0
-    cancelled = 0
+    section = Exclusive()
 
     async def contender(client: Client) -> None:
-        nonlocal inside, acquired
-        lock = client.fair_lock("fuzz")
-        mode = rng.random()
-        lease: Lease | None
-        if mode < 0.5:
-            async with lock:
-                inside += 1
-                try:
-                    assert inside == 1
-                    acquired += 1
-                    await asyncio.sleep(0)
-                finally:
-                    inside -= 1
-            return
-        if mode < 0.8:
-            lease = await lock.try_acquire(rng.choice([0.0, 0.002, 0.05]))
-        else:
-            lease = await lock.acquire(timeout=rng.choice([0.001, 0.01, 1.0]))
-        if lease is not None:
-            inside += 1
-            assert inside == 1
-            acquired += 1
-            inside -= 1
-            await lease.release()
+        await use_exclusively(client.fair_lock("fuzz"), rng, section)
 
     cancelled = await cancel_at_random(rng, lambda: contender(rng.choice(clients)), rounds=20)
-    assert acquired > 20 and cancelled > 20, (acquired, cancelled)
+    assert section.entered > 20 and cancelled > 20, (section.entered, cancelled)
     await assert_clean(*clients)
     assert server.execute("EXISTS", f"{PREFIX}:{{fuzz}}") == 0
     await eventually(lambda: server.execute("EXISTS", f"{PREFIX}:{{fuzz}}:q") == 0)

@@ -30,7 +30,7 @@ import pytest
 from aiolock import Client, Lease, LockLostError, LockNotOwnedError
 from aiolock._core.transport.connection import CommandConnection
 from aiolock.testing import seam
-from tests.core_util import assert_clean, eventually
+from tests.core_util import assert_clean, eventually, primitive
 from tests.servers import RedisServer
 
 #: Long enough that the watchdog's own rounds (every lease / 3) never run during a test.
@@ -40,20 +40,7 @@ TIMEOUT = 60.0
 PREFIX = "fl"
 GATE = "fl-test:gate"
 
-KINDS = ["lock", "fair", "write", "read", "semaphore"]
-
-
-def primitive(client: Client, kind: str, name: str = "res") -> Any:
-    if kind == "lock":
-        return client.lock(name)
-    if kind == "fair":
-        return client.fair_lock(name)
-    if kind == "write":
-        return client.rw_lock(name).write
-    if kind == "read":
-        return client.rw_lock(name).read
-    assert kind == "semaphore"
-    return client.semaphore(name, 2)
+KINDS = ["lock", "fair_lock", "write", "read", "semaphore"]
 
 
 def entry_key(kind: str, name: str = "res") -> str:
@@ -114,6 +101,29 @@ class Body:
             self.entered.set()
             await self.may_end.wait()
         return lease
+
+
+async def held_and_queued(client: Client, held: Any, queued: Any) -> tuple[Body, Any, Body]:
+    """A task holds ``held`` in an ``async with``, then a second task of the
+    same Client queues for ``queued``: the two Bodies, and the first one's Hold."""
+    first = Body(held)
+    await first.entered.wait()
+    old = first.lease._hold  # type: ignore[union-attr]
+    second = Body(queued)
+    await eventually(lambda: client.statistics().waiting == 1, what="the second task queued")
+    return first, old, second
+
+
+async def taken_over(first: Body, second: Body) -> None:
+    """``second`` took the lock over from ``first``: neither saw a loss, and
+    the new hold's fencing token is the higher."""
+    lease = await first.task
+    assert not lease.lost
+    await second.entered.wait()
+    assert second.lease is not None and not second.lease.lost
+    assert second.lease.fencing_token > lease.fencing_token
+    second.may_end.set()
+    assert not (await second.task).lost
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -231,12 +241,8 @@ async def test_a_handoff_racing_a_renewal_is_not_a_loss(url: str, server: RedisS
     async with Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client:
         watchdog = seam.watchdog(client)
         lock = client.lock("res")
-        first = Body(lock)
-        await first.entered.wait()
-        old = first.lease._hold  # type: ignore[union-attr]
         # A fixed lease: the lock is handed over through Redis, not passed locally.
-        second = Body(lock(lease=LEASE))
-        await eventually(lambda: client.statistics().waiting == 1, what="the second task queued")
+        first, old, second = await held_and_queued(client, lock, lock(lease=LEASE))
         assert await watchdog.renew_all()
         owner_field = old.owner
         with replies_held(seam.command_lane(client)):
@@ -249,13 +255,7 @@ async def test_a_handoff_racing_a_renewal_is_not_a_loss(url: str, server: RedisS
             assert await watchdog.renew_all()
             assert old not in watchdog
             assert not first.task.done()
-        lease = await first.task
-        assert not lease.lost
-        await second.entered.wait()
-        assert second.lease is not None and not second.lease.lost
-        assert second.lease.fencing_token > lease.fencing_token
-        second.may_end.set()
-        assert not (await second.task).lost
+        await taken_over(first, second)
         await assert_clean(client)
 
 
@@ -269,11 +269,7 @@ async def test_a_local_pass_then_a_release_racing_renewals_is_not_a_loss(
     async with Client.from_url(url, prefix=PREFIX, lease=LEASE, command_timeout=TIMEOUT) as client:
         watchdog = seam.watchdog(client)
         lock = client.lock("res")
-        first = Body(lock)
-        await first.entered.wait()
-        old = first.lease._hold  # type: ignore[union-attr]
-        second = Body(lock)
-        await eventually(lambda: client.statistics().waiting == 1, what="the second task queued")
+        first, old, second = await held_and_queued(client, lock, lock)
         assert await watchdog.renew_all()
         gate = await gate_renewals(client)
         stale = asyncio.create_task(watchdog.renew_all())  # renews the first hold
@@ -333,13 +329,7 @@ async def test_a_grant_racing_a_renewal_is_not_a_loss(url: str, server: RedisSer
             assert await watchdog.renew_all()
             assert old not in watchdog
             assert not first.task.done()
-        lease = await first.task
-        assert not lease.lost
-        await second.entered.wait()
-        assert second.lease is not None and not second.lease.lost
-        assert second.lease.fencing_token > lease.fencing_token
-        second.may_end.set()
-        assert not (await second.task).lost
+        await taken_over(first, second)
         await assert_clean(client, other)
 
 

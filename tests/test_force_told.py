@@ -28,7 +28,7 @@ from aiolock import Client, LockLostError
 from aiolock._core.holds.evict import FORCE_RELEASED, slot_tag
 from aiolock._core.protocol.keys import lost_prefix
 from aiolock.testing import seam
-from tests.core_util import eventually
+from tests.core_util import eventually, primitive
 
 #: A's Client lease: its watchdog runs every LONG / 3, longer than any test here.
 LONG = 90.0
@@ -38,20 +38,6 @@ FIXED = 60.0
 SHORT = 1.5
 
 KINDS = ("lock", "fair_lock", "read", "write", "semaphore", "spin_lock")
-
-
-def primitive(client: Client, kind: str, name: str) -> Any:
-    if kind == "lock":
-        return client.lock(name)
-    if kind == "spin_lock":
-        return client.spin_lock(name)
-    if kind == "fair_lock":
-        return client.fair_lock(name)
-    if kind == "read":
-        return client.rw_lock(name).read
-    if kind == "write":
-        return client.rw_lock(name).write
-    return client.semaphore(name, 2)
 
 
 def renew_key(kind: str, name: str, prefix: str = "aiolock") -> str:

@@ -419,39 +419,50 @@ def run_python(code: str, *args: str) -> str:
     return proc.stdout
 
 
-GLOBALS = """
+#: How the scripts below begin: ``install_sdk()`` sets the SDK's global
+#: providers, in memory (after the Client was made, as an application may);
+#: ``contended(client, lock)`` takes ``lock`` in a "request" span while it is
+#: held, so that the acquisition waits and is then handed the lock.
+SDK = """
 import asyncio, sys
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 import aiolock
 
+def install_sdk():
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    exporter = InMemorySpanExporter()
+    tracers = TracerProvider()
+    tracers.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(tracers)
+    return reader, exporter
+
+async def contended(client, lock):
+    lease = await lock.acquire()
+    async def request():
+        with trace.get_tracer("app").start_as_current_span("request"):
+            async with lock:
+                pass
+    task = asyncio.create_task(request())
+    while client.statistics().waiting == 0:
+        await asyncio.sleep(0.005)
+    await lease.release()
+    await task
+"""
+
+GLOBALS = SDK + """
 async def main():
     url = sys.argv[1]
     # Made before the application configures OpenTelemetry.
     async with aiolock.Client.from_url(url, lock_label=lambda n: n.split(":")[0]) as client, \\
             aiolock.Client.from_url(url, telemetry=False) as quiet:
-        reader = InMemoryMetricReader()
-        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-        exporter = InMemorySpanExporter()
-        tracers = TracerProvider()
-        tracers.add_span_processor(SimpleSpanProcessor(exporter))
-        trace.set_tracer_provider(tracers)
-
-        lock = client.lock("order:7")
-        lease = await lock.acquire()
-        async def request():
-            with trace.get_tracer("app").start_as_current_span("request"):
-                async with lock:
-                    pass
-        task = asyncio.create_task(request())
-        while client.statistics().waiting == 0:
-            await asyncio.sleep(0.005)
-        await lease.release()
-        await task
+        reader, exporter = install_sdk()
+        await contended(client, client.lock("order:7"))
         async with quiet.lock("quiet:1"):
             pass
 
@@ -487,15 +498,7 @@ def test_the_global_providers_are_used_even_when_set_after_the_client(url: str) 
     assert "spans aiolock.acquire request\n" in out, out
 
 
-UNLABELLED = """
-import asyncio, sys
-from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-import aiolock
+UNLABELLED = SDK + """
 from aiolock.testing import seam
 
 async def main():
@@ -505,25 +508,11 @@ async def main():
         async with lock:  # before any SDK: counted, not timed
             pass
         assert not seam.observer(client).live
-        reader = InMemoryMetricReader()
-        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-        exporter = InMemorySpanExporter()
-        tracers = TracerProvider()
-        tracers.add_span_processor(SimpleSpanProcessor(exporter))
-        trace.set_tracer_provider(tracers)
+        reader, exporter = install_sdk()
 
         async with lock:  # uncontended: the SDK is seen at once
             pass
-        lease = await lock.acquire()
-        async def request():
-            with trace.get_tracer("app").start_as_current_span("request"):
-                async with lock:  # handed on locally
-                    pass
-        task = asyncio.create_task(request())
-        while client.statistics().waiting == 0:
-            await asyncio.sleep(0.005)
-        await lease.release()
-        await task
+        await contended(client, lock)  # handed on locally
 
         for rm in reader.get_metrics_data().resource_metrics:
             for sm in rm.scope_metrics:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
+from tests.core_util import mypy_strict
+
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
@@ -146,24 +148,7 @@ def test_type_checkers_see_the_package_after_the_readme_editable_install(tmp_pat
     user.write_text(textwrap.dedent(USER))
     (user.parent / "mypy.ini").write_text("[mypy]\n")  # not the project's configuration
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--strict",
-            "--python-executable",
-            str(python),
-            "--config-file",
-            "mypy.ini",
-            "--cache-dir",
-            str(tmp_path / "mypy_cache"),
-            "--show-error-codes",
-            "--no-pretty",
-            "--no-color-output",
-            "--no-error-summary",
-            "--hide-error-context",
-            "user.py",
-        ],
+        mypy_strict("mypy.ini", tmp_path / "mypy_cache", "user.py", python=python),
         cwd=user.parent,
         # Only what the venv gives: no MYPYPATH, no PYTHONPATH to the checkout.
         env={k: v for k, v in os.environ.items() if k not in ("MYPYPATH", "PYTHONPATH")},

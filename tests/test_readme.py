@@ -41,10 +41,12 @@ def section(title: str) -> str:
     return match.group(1)
 
 
-def test_quickstart_runs_as_written(url: str, tmp_path: Path) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", section("Quickstart"), re.S)
+def run_example(title: str, url: str, script: Path) -> str:
+    """Run the one Python block of the README's section ``title`` as written,
+    against ``url`` (``REDIS_URL``): it succeeds and prints "held, fencing
+    token N". Returns what it printed."""
+    blocks = re.findall(r"```python\n(.*?)```", section(title), re.S)
     assert len(blocks) == 1
-    script = tmp_path / "quickstart.py"
     script.write_text(blocks[0])
     proc = subprocess.run(
         [sys.executable, str(script)],
@@ -56,16 +58,24 @@ def test_quickstart_runs_as_written(url: str, tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"^held, fencing token \d+$", proc.stdout, re.M), proc.stdout
-    assert "ClientStatistics(holds=0, waiting=0" in proc.stdout, proc.stdout
+    return proc.stdout
+
+
+def test_quickstart_runs_as_written(url: str, tmp_path: Path) -> None:
+    script = tmp_path / "quickstart.py"
+    stdout = run_example("Quickstart", url, script)
+    assert "ClientStatistics(holds=0, waiting=0" in stdout, stdout
     # The commands the Quickstart gives show its lock (the same prefix):
     # `aiolock inspect invoice:42` afterwards, `aiolock ls` while it is held.
     text = section("Quickstart")
     assert "`aiolock inspect invoice:42`" in text and "`aiolock ls`" in text
-    token = re.findall(r"^held, fencing token (\d+)$", proc.stdout, re.M)[-1]
+    token = re.findall(r"^held, fencing token (\d+)$", stdout, re.M)[-1]
     code, out = aiolock_command("inspect", "invoice:42", "--url", url)
     assert code == 0 and "'invoice:42' is not held; only its fencing counter is kept" in out
     assert int(re.findall(r"last token issued (\d+)", out)[0]) >= int(token), out
-    made = re.search(r"async with (aiolock\.Client\.from_url\(URL[^)]*\)) as client:", blocks[0])
+    made = re.search(
+        r"async with (aiolock\.Client\.from_url\(URL[^)]*\)) as client:", script.read_text()
+    )
     assert made, "the Quickstart makes no Client"
     asyncio.run(hold_then_ls(made[1], url))
 
@@ -125,21 +135,8 @@ def test_the_cluster_section_states_what_the_code_does() -> None:
 
 
 def test_the_cluster_example_runs_as_written(cluster_url: str, tmp_path: Path) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", section("Cluster"), re.S)
-    assert len(blocks) == 1
-    script = tmp_path / "cluster_example.py"
-    script.write_text(blocks[0])
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        env={**os.environ, "REDIS_URL": cluster_url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert re.search(r"^held, fencing token \d+$", proc.stdout, re.M), proc.stdout
-    assert "one of 4 permits held" in proc.stdout, proc.stdout
+    stdout = run_example("Cluster", cluster_url, tmp_path / "cluster_example.py")
+    assert "one of 4 permits held" in stdout, stdout
 
 
 @pytest.mark.parametrize("without_role", [False, True], ids=["as-written", "without-role"])

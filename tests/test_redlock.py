@@ -29,7 +29,7 @@ from aiolock import (
     Redlock,
 )
 from aiolock._redlock import ATTEMPT_LIMIT, MASTER_TIMEOUT, UNDO_WAIT, QuorumEngine, quorum_of
-from tests.core_util import eventually
+from tests.core_util import assert_refuses_bad_arguments, cancel_at_random, eventually, take_briefly
 from tests.servers import ServerProcess, TcpProxy, binary_for, find_free_port
 
 pytestmark = pytest.mark.timeout(90)
@@ -592,16 +592,9 @@ async def test_bad_arguments_are_typed_errors_before_any_io() -> None:
         with pytest.raises(InvalidArgumentTypeError):
             rl.lock(3)  # type: ignore[arg-type]
         lock = rl.lock("x")
-        with pytest.raises(InvalidArgumentError):
-            await lock.acquire(timeout=-1)
-        with pytest.raises(InvalidArgumentError):
-            await lock.acquire(lease=0)
+        await assert_refuses_bad_arguments(lock)
         with pytest.raises(InvalidArgumentError):
             await lock.acquire(lease=0.001)  # nothing of it would be valid
-        with pytest.raises(InvalidArgumentError):
-            lock(on_lost="later")  # type: ignore[arg-type]
-        with pytest.raises(InvalidArgumentTypeError):
-            await lock.try_acquire("1")  # type: ignore[arg-type]
         assert isinstance(Redlock([c1, c2, c3, c4][:3]), Redlock)
         acked = Client.from_url("redis://127.0.0.1:1/5", replicas=1)
         clients.append(acked)
@@ -903,29 +896,15 @@ async def test_contract_random_cancellation_leaves_nothing(
     make_redlock: MakeRedlock, masters: list[ServerProcess]
 ) -> None:
     rng = random.Random(7)
-    loop = asyncio.get_running_loop()
     redlocks = (await make_redlock(), await make_redlock())
-
-    async def contender(rl: Redlock) -> None:
-        lock = rl.lock("z")
-        if rng.random() < 0.5:
-            async with lock:
-                await asyncio.sleep(0)
-        else:
-            lease = await lock.try_acquire(wait=rng.choice([0.0, 0.01]))
-            if lease is not None:
-                await lease.release()
-
-    for _ in range(20):
-        tasks = [asyncio.create_task(contender(rng.choice(redlocks))) for _ in range(6)]
-        for task in tasks:
-            if rng.random() < 0.7:
-                loop.call_later(rng.uniform(0, 0.004), task.cancel)
-        for result in await asyncio.gather(*tasks, return_exceptions=True):
-            if isinstance(result, BaseException) and not isinstance(
-                result, asyncio.CancelledError | TimeoutError
-            ):
-                raise result
+    await cancel_at_random(
+        rng,
+        lambda: take_briefly(rng.choice(redlocks).lock("z"), rng),
+        rounds=20,
+        share=0.7,
+        delay=lambda rng: rng.uniform(0, 0.004),
+        tasks=6,
+    )
     await _assert_clean(*redlocks)
     await _nothing_held(masters, "z", *redlocks)
     # Every key left expires by itself (the fence counter), but the masters'

@@ -34,8 +34,10 @@ from aiolock.testing import seam
 from tests.conftest import NOTIFY_MODES, MakeClient
 from tests.core_util import (
     assert_clean,
+    assert_refuses_bad_arguments,
     blocked_clients,
     cancel_at_random,
+    cancel_release,
     evalsha_calls,
     eventually,
     parked_on_channels,
@@ -628,12 +630,7 @@ async def test_cancelled_release_still_completes(client: Client, server: RedisSe
     rw = client.rw_lock("rel")
     for view in (rw.read, rw.write):
         lease = await view.acquire()
-        task = asyncio.create_task(lease.release())
-        await asyncio.sleep(0)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        await eventually(lambda: server.execute("EXISTS", "rw:{rel}") == 0, what="release")
+        await cancel_release(lease, server, "rw:{rel}")
         await lease.release()  # a retry: idempotent, no error
     await assert_clean(client)
 
@@ -814,14 +811,7 @@ async def test_bad_input_is_refused_before_any_round_trip(
         plain.rw_lock("")
     rw = plain.rw_lock("bad")
     for view in (rw.read, rw.write):
-        with pytest.raises(InvalidArgumentError):
-            await view.acquire(timeout=-1)
-        with pytest.raises(InvalidArgumentError):
-            await view.acquire(lease=0)
-        with pytest.raises(InvalidArgumentTypeError):
-            await view.try_acquire("1")  # type: ignore[arg-type]
-        with pytest.raises(InvalidArgumentError):
-            view(on_lost="maybe")  # type: ignore[call-overload]
+        await assert_refuses_bad_arguments(view)
         with pytest.raises(InvalidArgumentTypeError):
             view(lambda: None)  # type: ignore[arg-type, return-value]
     assert evalsha_calls(server) == calls

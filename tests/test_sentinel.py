@@ -33,7 +33,7 @@ from aiolock import (
     ServerUnavailableError,
 )
 from aiolock.testing import seam
-from tests.core_util import assert_clean, eventually
+from tests.core_util import assert_clean, cancel_after_turns, eventually
 from tests.sentinel_servers import SERVICE, SentinelSet
 from tests.servers import LOOPBACK, ServerProcess
 
@@ -189,15 +189,8 @@ async def test_cancel_while_settling(sentinel_set: SentinelSet) -> None:
     granted = 0
     for turns in range(0, 200, 5):
         async with sentinel_client(s) as client:
-            task = asyncio.create_task(client.lock(f"c{turns}").acquire(timeout=5))
-            for _ in range(turns):
-                await asyncio.sleep(0)
-            task.cancel()
-            try:
-                lease = await task
-            except asyncio.CancelledError:
-                pass
-            else:  # granted before the cancel: it is held
+            lease = await cancel_after_turns(client.lock(f"c{turns}").acquire(timeout=5), turns)
+            if lease is not None:  # granted before the cancel: it is held
                 granted += 1
                 await lease.release()
             await acquire_until(client, f"c{turns}", 5.0)

@@ -4,7 +4,6 @@ reprs that work from any thread, against real servers."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -12,32 +11,13 @@ import pytest
 
 from aiolock import Client, LockStatistics, LockTimeoutError, Redlock, WrongTypeError
 from aiolock.testing import seam
-from tests.core_util import assert_clean, eventually
+from tests.core_util import assert_clean, eventually, off_thread
 from tests.servers import RedisServer
 
 
 @pytest.fixture
 def client_options() -> dict[str, Any]:
     return {"prefix": "st"}
-
-
-def off_thread(fn: Callable[[], str]) -> str:
-    """``fn()`` in a plain thread with no event loop (warnings are errors there too)."""
-    result: list[str] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            result.append(fn())
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(10)
-    if errors:
-        raise errors[0]
-    return result[0]
 
 
 async def reprs(*objects: object) -> list[str]:

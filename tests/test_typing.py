@@ -27,7 +27,7 @@ import pytest
 
 import aiolock
 from aiolock import Client, InvalidArgumentTypeError, Redlock
-from tests.core_util import assert_clean
+from tests.core_util import assert_clean, mypy_strict
 
 # A user module that must type-check under mypy --strict: every primitive's
 # `@x` and `@x(...)`, methods, tasks, task groups, leases.
@@ -319,23 +319,7 @@ def test_decorators_type_check_under_mypy_strict(tmp_path: Path) -> None:
     # A process of its own: mypy run in this one would leave ~650k objects
     # alive, and every later test's teardown gc.collect() would take 0.5 s more.
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--strict",
-            "--config-file",
-            str(config),
-            "--cache-dir",
-            str(tmp_path / "mypy_cache"),
-            "--show-error-codes",
-            "--no-pretty",
-            "--no-color-output",
-            "--no-error-summary",
-            "--hide-error-context",
-            str(ok),
-            str(bad),
-        ],
+        mypy_strict(config, tmp_path / "mypy_cache", ok, bad),
         cwd=tmp_path,
         env=env,
         capture_output=True,

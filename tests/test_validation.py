@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 import types
 from typing import Any
 
@@ -21,7 +20,7 @@ from aiolock import (
     LockNotOwnedError,
     WrongEventLoopError,
 )
-from tests.core_util import eventually
+from tests.core_util import eventually, off_thread
 from tests.servers import RedisServer
 
 
@@ -152,23 +151,14 @@ async def test_use_from_another_event_loop(url: str) -> None:
     client = Client.from_url(url, prefix="v")
     try:
         await client.lock("x").try_acquire()
-        errors: list[BaseException] = []
 
-        def elsewhere() -> None:
-            async def use() -> None:
-                await client.lock("y").acquire()
+        async def use() -> None:
+            await client.lock("y").acquire()
 
-            try:
-                asyncio.run(use())
-            except BaseException as exc:
-                errors.append(exc)
-
-        thread = threading.Thread(target=elsewhere)
-        thread.start()
-        thread.join(30)
-        assert len(errors) == 1 and isinstance(errors[0], WrongEventLoopError)
-        assert isinstance(errors[0], RuntimeError)
-        assert "event loop" in str(errors[0])
+        with pytest.raises(WrongEventLoopError) as error:
+            off_thread(lambda: asyncio.run(use()))
+        assert isinstance(error.value, RuntimeError)
+        assert "event loop" in str(error.value)
     finally:
         await client.aclose()
 

@@ -44,6 +44,7 @@ from .._core.options import LockStatistics
 from .._core.protocol.keys import Keys
 from .._core.validate import check_lease, check_name, check_timeout
 from .._core.waiting.notify import Waiter
+from .max_hold import cap_lease, check_max_hold, maybe
 from .stats import describe, lock_statistics
 
 if TYPE_CHECKING:
@@ -211,6 +212,7 @@ class LockLike(Generic[L]):
         timeout: float | None = None,
         lease: float | None = None,
         on_lost: OnLost = "cancel",
+        max_hold: float | None = None,
     ) -> LockContext[L]: ...
 
     def __call__(
@@ -221,10 +223,16 @@ class LockLike(Generic[L]):
         timeout: float | None = None,
         lease: float | None = None,
         on_lost: OnLost = "cancel",
+        max_hold: float | None = None,
     ) -> Callable[P, Coroutine[Any, Any, R]] | LockContext[L]:
-        """``async with lock(timeout=..., lease=..., on_lost=...)``; ``@lock``; ``@lock(...)``."""
+        """``async with lock(timeout=..., lease=..., on_lost=..., max_hold=...)``;
+        ``@lock``; ``@lock(...)`` (``max_hold``: see max_hold.py)."""
         context = LockContext(
-            self, check_timeout(timeout), check_lease(lease), check_on_lost(on_lost)
+            self,
+            check_timeout(timeout),
+            check_lease(lease),
+            check_on_lost(on_lost),
+            check_max_hold(max_hold),
         )
         if fn is None:
             return context
@@ -246,8 +254,14 @@ class LockLike(Generic[L]):
         observes inside its ``_acquire``: one coroutine frame less)."""
         return observed(self._observer(), self.kind, self.name, self._acquire, timeout, lease)
 
-    async def _enter_ctx(self, timeout: float | None, lease: float | None, on_lost: OnLost) -> L:
-        got = await self._observed(timeout, lease)
+    async def _enter_ctx(
+        self,
+        timeout: float | None,
+        lease: float | None,
+        on_lost: OnLost,
+        max_hold: float | None = None,
+    ) -> L:
+        got = await maybe(self._observed(timeout, cap_lease(lease, max_hold)), max_hold, lease)
         task = current_task()
         entry = Entry(got, task, on_lost)
         self._entries().setdefault(task, []).append(entry)
@@ -300,18 +314,26 @@ class LockLike(Generic[L]):
 class LockContext(Generic[L]):
     """``lock(timeout=..., lease=..., on_lost=...)``: an async context manager and a decorator."""
 
-    __slots__ = ("_lease", "_lock", "_on_lost", "_timeout")
+    __slots__ = ("_lease", "_lock", "_max_hold", "_on_lost", "_timeout")
 
     def __init__(
-        self, lock: LockLike[L], timeout: float | None, lease: float | None, on_lost: OnLost
+        self,
+        lock: LockLike[L],
+        timeout: float | None,
+        lease: float | None,
+        on_lost: OnLost,
+        max_hold: float | None = None,
     ) -> None:
         self._lock = lock
         self._timeout = timeout
         self._lease = lease
         self._on_lost: OnLost = on_lost
+        self._max_hold = max_hold
 
     async def __aenter__(self) -> L:
-        return await self._lock._enter_ctx(self._timeout, self._lease, self._on_lost)
+        return await self._lock._enter_ctx(
+            self._timeout, self._lease, self._on_lost, self._max_hold
+        )
 
     async def __aexit__(
         self,
@@ -343,13 +365,20 @@ class Acquirable(LockLike[L]):
     __slots__ = ()
 
     def acquire(
-        self, *, timeout: float | None = None, lease: float | None = None
+        self,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        max_hold: float | None = None,
     ) -> Coroutine[Any, Any, L]:
         """Wait for the lock and return its lease (``await lock.acquire()``).
 
         ``timeout``: seconds to wait at most (None: for ever); raises
         LockTimeoutError (a TimeoutError) when it runs out. ``lease``: a fixed
         lease in seconds with no renewal (None: the watchdog renews it).
+        ``max_hold``: the hold ends (lost, reason naming max_hold) when it is
+        that old, renewed or not; a fixed lease lasts ``min(lease, max_hold)``
+        (see max_hold.py).
         Arguments are checked at the call. (A plain function returning the
         coroutine: one frame less per waiting task.)
 
@@ -365,9 +394,15 @@ class Acquirable(LockLike[L]):
         out of memory; WrongTypeError: the key holds a value aiolock did not
         write) is raised at once.
         """
-        return self._observed(check_timeout(timeout), check_lease(lease))
+        checked_timeout, checked_lease = check_timeout(timeout), check_lease(lease)
+        limit = check_max_hold(max_hold)
+        return maybe(
+            self._observed(checked_timeout, cap_lease(checked_lease, limit)), limit, checked_lease
+        )
 
-    async def try_acquire(self, wait: float = 0.0, *, lease: float | None = None) -> L | None:
+    async def try_acquire(
+        self, wait: float = 0.0, *, lease: float | None = None, max_hold: float | None = None
+    ) -> L | None:
         """Acquire if possible within ``wait`` seconds (default: one try, no waiting).
 
         Returns the lease, or None if the lock stayed busy. A Redis that
@@ -375,8 +410,11 @@ class Acquirable(LockLike[L]):
         """
         checked_wait = check_timeout(wait, "wait")
         checked_lease = check_lease(lease)
+        limit = check_max_hold(max_hold)
         try:
-            return await self._observed(checked_wait, checked_lease)
+            return await maybe(
+                self._observed(checked_wait, cap_lease(checked_lease, limit)), limit, checked_lease
+            )
         except LockTimeoutError:
             return None
 

@@ -341,6 +341,8 @@ class FairLock(SingleHolder):
       cancelled. A timeout is a cancellation too: the call leaves the queue.
     * **Fencing:** every fresh acquisition, handoffs included, gets a token
       strictly greater than every token issued before for this name.
+    * **max_hold / handing over:** as :class:`AsyncLock` (max_hold.py,
+      adopt.py); an adopted hold keeps its place: the queue is not consulted.
 
     Keys: ``<prefix>:{<name>}`` (the hold, as for :class:`AsyncLock`, so a
     fair lock and a lock of the same name exclude each other; but a plain

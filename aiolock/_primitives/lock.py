@@ -77,6 +77,11 @@ class AsyncLock(SingleHolder):
     * **Restarts:** when a connection to the server is lost, every hold is
       checked as soon as the server answers again; a hold it no longer has
       is lost at once.
+    * **max_hold / handing over:** ``max_hold=`` ends a hold at that age
+      (lost, reason naming max_hold: max_hold.py); ``lease.handle`` and
+      ``client.adopt(handle)`` move the whole hold (re-entries included,
+      same token) to a task of another Client, and this lease reports
+      released (adopt.py).
     """
 
     __slots__ = ("_entry_map", "_wait_channel", "_what")
@@ -102,7 +107,11 @@ class AsyncLock(SingleHolder):
     # -- acquire -----------------------------------------------------------------------
 
     def acquire(
-        self, *, timeout: float | None = None, lease: float | None = None
+        self,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        max_hold: float | None = None,
     ) -> Coroutine[Any, Any, Lease]:
         """Wait for the lock and return its lease (see ``Acquirable.acquire``).
 
@@ -112,6 +121,8 @@ class AsyncLock(SingleHolder):
         resumption (issue 20 item 8)."""
         # (The checks and the observer inline when no argument is given: the
         # common call, made once per acquisition.)
+        if max_hold is not None:  # (max_hold.py)
+            return super().acquire(timeout=timeout, lease=lease, max_hold=max_hold)
         return self._acquire(
             None if timeout is None else check_timeout(timeout),
             None if lease is None else check_lease(lease),

@@ -58,6 +58,15 @@ class MultiLease:
         return list(self._leases)
 
     @property
+    def handle(self) -> str:
+        """Not for a multi-lock (several holds): InvalidArgumentError. Each
+        part's ``leases[i].handle`` hands that one lock over (client.adopt)."""
+        raise InvalidArgumentError(
+            f"multi-lock {self.name!r}: several holds cannot be handed over as one; "
+            "hand a part over with its own lease (multi_lease.leases[i].handle)"
+        )
+
+    @property
     def fencing_tokens(self) -> dict[str, int]:
         return {lease.name: lease.fencing_token for lease in self._leases}
 

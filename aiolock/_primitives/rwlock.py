@@ -94,6 +94,10 @@ class ReadWriteLock(ReadWriteCore):
     * **Fencing:** every fresh acquisition, read or write (a downgrade's
       read too), gets a token strictly greater than every token issued
       before for this name.
+    * **max_hold / handing over:** ``max_hold=`` on both sides (max_hold.py);
+      a write hold can be handed to another Client (``lease.handle``,
+      ``client.adopt``: adopt.py), a read hold cannot (one of many shared
+      ones: InvalidArgumentError), and a writer's own read hold stays with it.
 
     Do not use one name for a read-write lock and another kind of lock: the
     scripts refuse a name held by another kind with a WrongTypeError.

@@ -16,8 +16,8 @@ from collections.abc import Callable, Coroutine, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
-from .._core.errors import InvalidArgumentError, InvalidArgumentTypeError, LockNotOwnedError
-from .._core.holds.lease import Hold, Lease
+from .._core.errors import InvalidArgumentError, LockNotOwnedError
+from .._core.holds.lease import Hold
 from .._core.observe.observer import observed
 from .._core.options import LockStatistics
 from .._core.protocol.keys import SemaphoreKeys
@@ -32,6 +32,8 @@ from .base import (
     current_task,
 )
 from .compete import compete
+from .max_hold import cap_lease, check_max_hold, maybe
+from .permit import MAX_PERMITS, Permit, SemState, check_permits, permits_of
 from .stats import describe_holders, lock_statistics
 
 if TYPE_CHECKING:
@@ -42,82 +44,6 @@ __all__ = ["MAX_PERMITS", "Permit", "Semaphore"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-#: The largest N (and the most permits one acquisition may ask for).
-MAX_PERMITS = 2**31 - 1
-
-# Holder ids: the Client id and task serial (the owner) and the call's attempt
-# id make every one unique, so a retried or undone script never touches another hold.
-
-
-def check_permits(value: object, what: str = "permits") -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        hint = " (to wait, pass wait=...)" if isinstance(value, float) else ""
-        raise InvalidArgumentTypeError(
-            f"{what} must be an int, got {type(value).__name__}: {value!r}{hint}"
-        )
-    if not 1 <= value <= MAX_PERMITS:
-        raise InvalidArgumentError(f"{what} must be between 1 and {MAX_PERMITS}, got {value!r}")
-    return value
-
-
-class Permit(Lease):
-    """The :class:`Lease` of one semaphore acquisition: ``permits`` of them.
-
-    ``release()`` gives back exactly these permits, from any task, once
-    (idempotent). ``fencing_token``, ``lost``, ``extend()`` and ``on_lost()``
-    work as for a lock.
-    """
-
-    __slots__ = ("_permits",)
-
-    def __init__(self, hold: Hold, permits: int) -> None:
-        super().__init__(hold)
-        self._permits = permits
-
-    @property
-    def permits(self) -> int:
-        """How many permits this acquisition holds."""
-        return self._permits
-
-    def __repr__(self) -> str:
-        hold = self._hold
-        state = "released" if self._released else ("lost" if hold.lost else "held")
-        return f"<Permit {hold.name!r} x{self._permits} token={hold.token} {state}>"
-
-
-class _SemState:
-    """One semaphore name in one Client: its local holds and parked tasks."""
-
-    __slots__ = ("active", "engine", "held", "key", "parked")
-
-    def __init__(self, engine: EngineView, key: str) -> None:
-        self.engine = engine
-        self.key = key
-        self.held: dict[Hold, None] = {}
-        self.active = 0  # tasks inside acquire
-        self.parked = 0  # of which registered as waiters
-
-    def holds(self) -> list[Hold]:
-        return list(self.held)
-
-    def waiting(self) -> int:
-        return self.parked
-
-    def set_parked(self, value: bool) -> None:
-        self.parked += 1 if value else -1
-
-    def hold_ended(self, hold: Hold) -> None:
-        self.held.pop(hold, None)
-        self.drop_if_idle()
-
-    def drop_if_idle(self) -> None:
-        if not self.held and not self.active:
-            self.engine.drop_state(self.key, self)
-
-    def close(self) -> None:
-        return None  # parked tasks are failed by their channel or by compete()
-
 
 class SemaphoreContext(LockContext[Permit]):
     """``sem(permits=..., timeout=..., lease=..., on_lost=...)``: context manager, decorator."""
@@ -131,14 +57,15 @@ class SemaphoreContext(LockContext[Permit]):
         timeout: float | None,
         lease: float | None,
         on_lost: OnLost,
+        max_hold: float | None = None,
     ) -> None:
-        super().__init__(sem, timeout, lease, on_lost)
+        super().__init__(sem, timeout, lease, on_lost, max_hold)
         self._sem = sem
         self._permits = permits
 
     async def __aenter__(self) -> Permit:
         return await self._sem._enter_permits(
-            self._permits, self._timeout, self._lease, self._on_lost
+            self._permits, self._timeout, self._lease, self._on_lost, self._max_hold
         )
 
     async def __aexit__(
@@ -190,7 +117,11 @@ class Semaphore(Primitive, LockLike[Permit]):
       try, and also for a waiter when N is lowered below what it asks for.
     * **Lost leases:** ``lease.lost`` turns true and ``on_lost`` callbacks
       run; inside ``async with`` the body is cancelled and LockLostError is
-      raised (unless ``on_lost="ignore"``).
+      raised (unless ``on_lost="ignore"``). ``max_hold=`` ends a permit at
+      that age, as a lost lease (max_hold.py).
+    * **Handing over:** ``permit.handle`` and ``client.adopt(handle)`` move
+      one acquisition (its permits, its token, its expiry) to a task of
+      another Client; this permit then reports released (adopt.py).
     * **Cancellation:** an acquire cancelled at any await, even after Redis
       granted it but before the reply was read, leaves no hold, claim or
       waiter behind; a cancelled release still completes.
@@ -231,21 +162,48 @@ class Semaphore(Primitive, LockLike[Permit]):
     # -- acquire ------------------------------------------------------------------------
 
     async def acquire(
-        self, permits: int = 1, *, timeout: float | None = None, lease: float | None = None
+        self,
+        permits: int = 1,
+        *,
+        timeout: float | None = None,
+        lease: float | None = None,
+        max_hold: float | None = None,
     ) -> Permit:
         """Wait for ``permits`` permits and return a :class:`Permit` that holds them.
 
         ``timeout``: seconds to wait at most (None: for ever); raises
         LockTimeoutError (a TimeoutError) when it runs out. ``lease``: a
         fixed lease in seconds with no renewal (None: the watchdog renews it).
+        ``max_hold``: the permit is lost (and given back) when it is that old
+        (see max_hold.py).
         """
-        checked = check_permits(permits), check_timeout(timeout), check_lease(lease)
-        return await observed(
-            self._engine.observer, self.kind, self.name, self._acquire_permits, *checked
+        n, checked_timeout, checked_lease = (
+            check_permits(permits),
+            check_timeout(timeout),
+            check_lease(lease),
+        )
+        limit = check_max_hold(max_hold)
+        return await maybe(
+            observed(
+                self._engine.observer,
+                self.kind,
+                self.name,
+                self._acquire_permits,
+                n,
+                checked_timeout,
+                cap_lease(checked_lease, limit),
+            ),
+            limit,
+            checked_lease,
         )
 
     async def try_acquire(
-        self, permits: int = 1, *, wait: float = 0.0, lease: float | None = None
+        self,
+        permits: int = 1,
+        *,
+        wait: float = 0.0,
+        lease: float | None = None,
+        max_hold: float | None = None,
     ) -> Permit | None:
         """Acquire if possible within ``wait`` seconds (default: one try, no waiting).
 
@@ -254,14 +212,19 @@ class Semaphore(Primitive, LockLike[Permit]):
         checked = check_permits(permits)
         checked_wait = check_timeout(wait, "wait")
         checked_lease = check_lease(lease)
+        limit = check_max_hold(max_hold)
         try:
-            return await observed(
-                self._engine.observer,
-                self.kind,
-                self.name,
-                self._acquire_permits,
-                checked,
-                checked_wait,
+            return await maybe(
+                observed(
+                    self._engine.observer,
+                    self.kind,
+                    self.name,
+                    self._acquire_permits,
+                    checked,
+                    checked_wait,
+                    cap_lease(checked_lease, limit),
+                ),
+                limit,
                 checked_lease,
             )
         except TimeoutError:
@@ -276,7 +239,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         engine = self._engine
         loop = engine.enter()
         task = current_task()
-        state = engine.state(self._names.local, _new_state, self)
+        state = engine.state(self._names.local, new_state, self)
         deadline = None if timeout is None else loop.time() + timeout
         state.active += 1
         try:
@@ -287,7 +250,7 @@ class Semaphore(Primitive, LockLike[Permit]):
 
     async def _compete(
         self,
-        state: _SemState,
+        state: SemState,
         task: asyncio.Task[Any],
         permits: int,
         lease: float | None,
@@ -393,6 +356,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         timeout: float | None = None,
         lease: float | None = None,
         on_lost: OnLost = "cancel",
+        max_hold: float | None = None,
     ) -> SemaphoreContext: ...
 
     def __call__(
@@ -404,6 +368,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         timeout: float | None = None,
         lease: float | None = None,
         on_lost: OnLost = "cancel",
+        max_hold: float | None = None,
     ) -> Callable[P, Coroutine[Any, Any, R]] | SemaphoreContext:
         """``async with sem(permits=2, timeout=..., lease=..., on_lost=...)``; ``@sem(...)``."""
         context = SemaphoreContext(
@@ -412,17 +377,33 @@ class Semaphore(Primitive, LockLike[Permit]):
             check_timeout(timeout),
             check_lease(lease),
             check_on_lost(on_lost),
+            check_max_hold(max_hold),
         )
         if fn is None:
             return context
         return context(fn)
 
     async def _enter_permits(
-        self, permits: int, timeout: float | None, lease: float | None, on_lost: OnLost
+        self,
+        permits: int,
+        timeout: float | None,
+        lease: float | None,
+        on_lost: OnLost,
+        max_hold: float | None = None,
     ) -> Permit:
         observer = self._engine.observer
-        got = await observed(
-            observer, self.kind, self.name, self._acquire_permits, permits, timeout, lease
+        got = await maybe(
+            observed(
+                observer,
+                self.kind,
+                self.name,
+                self._acquire_permits,
+                permits,
+                timeout,
+                cap_lease(lease, max_hold),
+            ),
+            max_hold,
+            lease,
         )
         task = current_task()
         entry = Entry(got, task, on_lost)
@@ -441,7 +422,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         the release is on the wire, the release still completes.
         """
         self._engine.check_usable()
-        state: _SemState | None = self._engine.peek_state(self._names.local)
+        state: SemState | None = self._engine.peek_state(self._names.local)
         task = asyncio.current_task()
         if state is not None:
             for hold in reversed(list(state.held)):
@@ -535,7 +516,7 @@ class Semaphore(Primitive, LockLike[Permit]):
             (self._channel, await engine.evictions.template(self._names.main)),
         )
         evicted = {m.decode() if isinstance(m, bytes) else str(m) for m in reply}
-        state: _SemState | None = engine.peek_state(self._names.local)
+        state: SemState | None = engine.peek_state(self._names.local)
         if state is not None:
             # Only the holds the script evicted: a task of this Client may have
             # acquired again since (woken by this very call).
@@ -545,7 +526,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         return bool(evicted)
 
     def _local_view(self) -> tuple[Iterable[Hold], int]:
-        state: _SemState | None = self._engine.peek_state(self._names.local)
+        state: SemState | None = self._engine.peek_state(self._names.local)
         if state is None:
             return (), 0
         return tuple(state.held), state.parked
@@ -560,7 +541,7 @@ class Semaphore(Primitive, LockLike[Permit]):
         """
         holds, waiting = self._local_view()
         return lock_statistics(
-            self.kind, self.name, self._engine.loop, holds, waiting, count=_permits_of
+            self.kind, self.name, self._engine.loop, holds, waiting, count=permits_of
         )
 
     def __repr__(self) -> str:
@@ -572,14 +553,9 @@ class Semaphore(Primitive, LockLike[Permit]):
         return f"{head}: {describe_holders(stats, 'permit')}, {stats.waiting} waiting>"
 
 
-def _permits_of(hold: Hold) -> int:
-    """The permits a semaphore hold has (its one Permit's, until released)."""
-    return sum(p.permits for p in tuple(hold.leases) if isinstance(p, Permit))
-
-
-def _new_state(semaphore: Semaphore) -> _SemState:
+def new_state(semaphore: Semaphore) -> SemState:
     """The local state of ``semaphore``'s name (``Engine.state``'s factory)."""
-    return _SemState(semaphore._engine, semaphore._names.local)
+    return SemState(semaphore._engine, semaphore._names.local)
 
 
 def _sem_replied(reply: Any, calls: tuple[Call, ...]) -> tuple[Call, ...]:

@@ -14,6 +14,7 @@ library's key naming (``aiolock._core.protocol.keys``) to show and clean up the 
   waits; evict a holder (ops.py).
 * ``aiolock functions load``: load the Functions library once, as an operator
   (functions.py).
+* ``aiolock doctor``: check a deployment against what aiolock needs (doctor.py).
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     from aiolock.cli.functions import add_arguments as add_functions_arguments
 
     add_functions_arguments(sub)
+    from aiolock.cli.doctor import add_arguments as add_doctor_arguments
+
+    add_doctor_arguments(sub)
     return parser
 
 
@@ -99,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from aiolock.cli.functions import run as run_functions
 
             return run_functions(args)
+        if args.command == "doctor":
+            from aiolock.cli.doctor import run as run_doctor
+
+            return run_doctor(args)
     except BrokenPipeError:  # e.g. `aiolock demo | head`: not an error of ours
         sys.stdout = open(os.devnull, "w")  # silence the flush at exit
         return 1

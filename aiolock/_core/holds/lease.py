@@ -19,6 +19,7 @@ from ..errors import LockNotOwnedError
 from ..futures import Outcome
 from ..observe.observer import FIXED_LEASE_EXPIRED, Observer
 from ..validate import check_seconds
+from .handoff import check_gone, exported, handle_of
 
 __all__ = ["Hold", "HoldEngine", "Lease", "LostCallback"]
 
@@ -232,7 +233,19 @@ class Hold:
         if self.releasing is not None:
             self.engine.untrack(self)
             return
+        if exported(self):  # its handle was given out: handed over, or lost?
+            check_gone(self, reason)
+            return
         self.mark_lost(reason)
+
+    def handed_over(self) -> None:
+        """Another Client adopted the hold (handoff.py): its leases report
+        ``released`` (not lost: no callback, no cancellation, no loss counted)."""
+        if self.lost_reason is not None:
+            return
+        for lease in list(self.leases):
+            lease._mark_released()
+        self.detach()
 
     @property
     def lost(self) -> bool:
@@ -315,6 +328,17 @@ class Lease:
     def lost_reason(self) -> str | None:
         """Why the lease was lost (None while it is not)."""
         return self._hold.lost_reason
+
+    @property
+    def handle(self) -> str:
+        """An opaque string that hands this hold to another Client, in any
+        process: ``await other_client.adopt(handle)`` returns a Lease of the
+        same hold (same name, same fencing token) owned by the adopting task,
+        and this lease then reports ``released`` (not lost). A handle is
+        adopted once. Locks, spin locks, fair locks, write locks and
+        semaphore permits; a read lock, a multi-lock or a Redlock lock
+        raises InvalidArgumentError. See handoff.py and the README."""
+        return handle_of(self._hold)
 
     def _watch(self, context: _Canceller) -> None:
         """Tell ``context`` (an ``async with``) if this lease is lost."""

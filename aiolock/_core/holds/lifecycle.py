@@ -25,6 +25,7 @@ from ..transport.connection import Lane, Orphan
 from ..transport.replication import Acknowledgement
 from ..validate import to_ms
 from .evict import Evictions
+from .handoff import exported, released_or_lost
 from .lease import Hold, HoldEngine, Lease, LostCallback, call_lost_callback
 from .spread import renew_spread
 from .watchdog import Watchdog
@@ -262,7 +263,11 @@ class Holds:
 
     def release_finished(self, hold: Hold, outcome: asyncio.Future[int], code: int) -> None:
         """The one ending of a release Redis answered: ``code`` 1 or 2 (released)
-        or 0 (the hold was gone: lost, unless it already was). Ends the hold."""
+        or 0 (the hold was gone: lost, unless it already was, or handed over
+        to another Client: handoff.py). Ends the hold."""
+        if code == 0 and not hold.lost and exported(hold):
+            self.engine.spawn(self._handed_or_gone(hold, outcome))
+            return
         if code == 0 and not hold.lost:
             hold.mark_lost("the hold was gone when released (expired or force-released)")
         if trace.isEnabledFor(logging.DEBUG):
@@ -277,6 +282,16 @@ class Holds:
         hold.detach()
         if not outcome.done():
             outcome.set_result(code)
+
+    async def _handed_or_gone(self, hold: Hold, outcome: asyncio.Future[int]) -> None:
+        """A release found gone a hold whose handle was given out: if another
+        Client adopted it, the release succeeded (released, not lost)."""
+        if await released_or_lost(hold):
+            hold.handed_over()
+            if not outcome.done():
+                outcome.set_result(1)
+            return
+        self.release_finished(hold, outcome, 0)
 
     async def extend_hold(self, hold: Hold, seconds: float) -> None:
         """Make ``hold`` last at least ``seconds`` from now (``Lease.extend``)."""

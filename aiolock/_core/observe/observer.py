@@ -38,6 +38,7 @@ from ..errors import LockTimeoutError
 __all__ = [
     "CLIENT_CLOSED",
     "FIXED_LEASE_EXPIRED",
+    "MAX_HOLD_REACHED",
     "Attempt",
     "Hold",
     "LockLabel",
@@ -90,6 +91,9 @@ CLIENT_CLOSED = "the Client was closed"
 RECHECK = 64
 #: The reason a fixed lease (``acquire(lease=...)``) ran out.
 FIXED_LEASE_EXPIRED = "the fixed lease expired"
+#: The start of the reason of a hold ended by its ``max_hold``
+#: (_primitives/max_hold.py); its losses carry ``outcome="max_hold"``.
+MAX_HOLD_REACHED = "max_hold"
 
 
 class Telemetry(Protocol):
@@ -116,8 +120,8 @@ class Telemetry(Protocol):
         """A hold ended after ``seconds`` and the next began at once in the
         same Client (a local handoff): ``held(-1, seconds)`` then ``held(+1, 0)``."""
 
-    def lost(self, kind: str, name: str) -> None:
-        """A hold was lost."""
+    def lost(self, kind: str, name: str, reason: str = "") -> None:
+        """A hold was lost; ``reason``: "max_hold" if its max_hold ended it, else ""."""
 
     @property
     def tally(self) -> Tally | None:
@@ -509,7 +513,12 @@ class Observer:
             )
         if self.telemetry_ is not None:
             try:
-                self.telemetry_.lost(hold.kind, hold.name)
+                reason = hold.lost_reason or ""
+                self.telemetry_.lost(
+                    hold.kind,
+                    hold.name,
+                    MAX_HOLD_REACHED if reason.startswith(MAX_HOLD_REACHED) else "",
+                )
             except Exception:
                 self.telemetry_failed()
 

@@ -12,7 +12,8 @@ convention style, README "Metrics and traces"):
 * ``aiolock.lock.wait.duration``: Histogram, ``s``; kind, outcome (, name)
 * ``aiolock.lock.hold.duration``: Histogram, ``s``; kind (, name)
 * ``aiolock.lock.acquisitions``: asynchronous Counter, ``{acquisition}``; kind, outcome (, name)
-* ``aiolock.lock.losses``: asynchronous Counter, ``{lease}``; kind (, name)
+* ``aiolock.lock.losses``: asynchronous Counter, ``{lease}``; kind (, outcome
+  ``max_hold`` for a hold its max_hold ended) (, name)
 * ``aiolock.lock.holds``: asynchronous UpDownCounter, ``{hold}``; kind (, name)
 * ``aiolock.lock.waiters``: asynchronous UpDownCounter, ``{task}``; kind (, name)
 
@@ -436,7 +437,7 @@ class OtelTelemetry:
             key = (kind, "", None) if self._label is None else self._key(kind, "", name)
             hist.record(seconds, self._attributes(key))
 
-    def lost(self, kind: str, name: str) -> None:
-        key = self._key(kind, "", name)
+    def lost(self, kind: str, name: str, reason: str = "") -> None:
+        key = self._key(kind, reason, name)
         counts = self._counts.losses
         counts[key] = counts.get(key, 0) + 1
