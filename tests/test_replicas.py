@@ -29,7 +29,7 @@ from aiolock.testing import seam
 from tests.cluster_servers import ClusterProcess
 from tests.core_util import assert_clean, eventually
 from tests.replication_servers import ReplicatedPair
-from tests.servers import RedisServer
+from tests.servers import RedisServer, ServerProcess
 
 #: WAIT's timeout in these tests: a stalled acquisition is refused after about this.
 RT = 0.25
@@ -134,6 +134,21 @@ async def test_wait_aof_needs_appendonly_and_7_2(server: RedisServer) -> None:
         assert "wait_aof=False" in str(caught.value)
         assert caught.value.__cause__ is not None
         await no_hold(server)
+
+
+@pytest.mark.parametrize("fresh_server", ["redis"], indirect=True)
+async def test_a_server_without_wait_is_refused_naming_it(fresh_server: ServerProcess) -> None:
+    """replicas=N on a server with no WAIT (Garnet has none; here a real Redis
+    whose WAIT is renamed away): UnsupportedServerError naming WAIT, and the
+    acquisition undone."""
+    fresh_server.extra_args = ("--rename-command", "WAIT", "")
+    fresh_server.restart()
+    async with Client.from_url(fresh_server.url, replicas=1, replica_timeout=0.05) as client:
+        with pytest.raises(UnsupportedServerError, match="needs the WAIT command") as caught:
+            await client.lock("a").acquire()
+        assert caught.value.__cause__ is not None
+        assert "replicas=0" in str(caught.value)
+    await no_hold(fresh_server)
 
 
 async def test_waiter_behind_a_local_holder_is_acknowledged(

@@ -128,10 +128,17 @@ class Acknowledgement:
                 "redis.conf), or use wait_aof=False"
             )
         elif isinstance(error, ServerRefusedError) and "unknown command" in message.lower():
-            clear = UnsupportedServerError(
-                "wait_aof=True needs WAITAOF, which Redis and Valkey have from 7.2 on; this "
-                f"server answered {message!r}. Upgrade it, or use wait_aof=False"
-            )
+            if self.wait_aof:
+                clear = UnsupportedServerError(
+                    "wait_aof=True needs WAITAOF, which Redis and Valkey have from 7.2 on; this "
+                    f"server answered {message!r}. Upgrade it, or use wait_aof=False"
+                )
+            else:  # a compatible server without WAIT (Garnet), or one that renamed it
+                clear = UnsupportedServerError(
+                    f"replicas={self.replicas} needs the WAIT command, which this server does "
+                    f"not have: it answered {message!r}. Use a server with WAIT (Redis, "
+                    "Valkey), or replicas=0 (the acquisition was undone)"
+                )
         elif isinstance(error, AiolockError):
             return error
         else:
