@@ -15,7 +15,7 @@ from aiolock._primitives.lock import AsyncLock
 from aiolock._primitives.lock_queue import LocalQueue
 from aiolock._primitives.multi import MultiLease, MultiLock
 from aiolock.testing import seam
-from tests.cluster_servers import ClusterNode, ClusterProcess
+from tests.cluster_servers import CLUSTER_TIMEOUT, ClusterNode, ClusterProcess
 from tests.core_util import assert_clean, evalsha_calls, eventually
 
 #: Renewed every 1.5 s: a hold survives 3 s of scheduling stall on a loaded machine.
@@ -379,11 +379,16 @@ async def test_a_master_killed_mid_way(fresh_cluster: ClusterProcess) -> None:
         else:
             await quick.release()
 
-        task = asyncio.create_task(multi.acquire(timeout=2 * LEASE))
+        # The wait spans the failover, which a loaded machine may take long to
+        # finish: its bound runs from the failover on (the task's own timeout
+        # is only a backstop beyond the harness' failover bound).
+        task = asyncio.create_task(multi.acquire(timeout=CLUSTER_TIMEOUT + 2 * LEASE))
         alone = await other.lock(names[0]).acquire(timeout=LEASE)
         assert not task.done()
         await alone.release()
-        lease = await task  # the Client learned the promoted replica (no ConnectionFailedError)
+        await asyncio.to_thread(cluster.wait_for_failover, parts[1][1])
+        # The Client learned the promoted replica (no ConnectionFailedError).
+        lease = await asyncio.wait_for(task, 2 * LEASE)
         assert not lease.lost
         for name in names:
             assert lease.fencing_tokens[name] > before[name], name
