@@ -55,7 +55,7 @@ from ..errors import (
     UnsupportedServerError,
     from_redis,
 )
-from ..futures import stop
+from ..futures import retrieve, stop
 from ..outage import Outage
 from .dialer import Dialer, Link
 from .redis_compat import ConnectionFactory
@@ -468,6 +468,7 @@ class CommandConnection(SafeCalls):
             task = asyncio.get_running_loop().create_task(link.close())
             self._closers.add(task)
             task.add_done_callback(self._closers.discard)
+            task.add_done_callback(retrieve)  # (aclose waits for it, not for its outcome)
 
     def reset(self, reason: str) -> None:
         """Drop the connection (if any) as if it were lost: pending commands
@@ -493,7 +494,10 @@ class CommandConnection(SafeCalls):
         await stop(self._connect_task)
         self._drop(RedisConnectionError("aiolock command connection is closed"))
         if self._closers:
-            await asyncio.gather(*self._closers, return_exceptions=True)
+            # wait(), not gather(): a close cancelled here must not cancel the
+            # closes it started (one cancelled before it ran leaves redis-py's
+            # connection unclosed); a second aclose() waits for them.
+            await asyncio.wait(list(self._closers))
 
 
 def _closed_error() -> ClientClosedError:
