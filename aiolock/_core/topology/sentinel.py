@@ -125,6 +125,9 @@ class SentinelWatch:
         )
         self._task: asyncio.Task[None] | None = None
         self._checks: set[asyncio.Task[Any]] = set()
+        #: The connections ``_ask_all`` opened and has not closed yet: ``aclose``
+        #: closes those that a cancelled ``_ask_all`` left open.
+        self._asking: set[CommandConnection] = set()
         self._closed = False
 
     def _rotate(self) -> Connection:
@@ -205,13 +208,18 @@ class SentinelWatch:
         if len(parts) == 5 and parts[0].decode(errors="replace") == self.service.name:
             # No epoch in the event: ask every Sentinel (the sender has it).
             if (parts[3].decode(), int(parts[4])) != self.known:
-                self._background(self._ask_all())
+                self.ask_all_soon()
         elif len(parts) != 5:  # a resubscription's wake-up: a switch may have been missed
             self.check_soon()
 
     def check_soon(self) -> None:
         """Ask the Sentinels for the master now, in the background."""
         self._background(self._check())
+
+    def ask_all_soon(self) -> None:
+        """Ask every Sentinel for the master now, in the background (as a
+        ``+switch-master`` naming another master does)."""
+        self._background(self._ask_all())
 
     def _background(self, coro: Coroutine[Any, Any, None]) -> None:
         if self._closed:
@@ -248,11 +256,16 @@ class SentinelWatch:
             if answer is not None:
                 self.compare(*answer, "the Sentinels announced")
 
+        self._asking.update(conns)
         try:
             await asyncio.gather(*(ask(c) for c in conns))
         finally:
+            # Each forgotten once closed: if aclose() cancels this task while
+            # it closes one, aclose() closes the rest (they stayed open, and
+            # were found unclosed at garbage collection, after the loop).
             for conn in conns:
                 await conn.aclose()
+                self._asking.discard(conn)
 
     async def _run(self) -> None:
         while True:
@@ -300,5 +313,9 @@ class SentinelWatch:
             task.cancel()
         if self._checks:
             await asyncio.gather(*self._checks, return_exceptions=True)
+        # What an _ask_all cancelled while it closed its connections left open.
+        for conn in list(self._asking):
+            await conn.aclose()
+            self._asking.discard(conn)
         await self._listener.aclose()
         await self._lane.aclose()
