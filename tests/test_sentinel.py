@@ -35,6 +35,7 @@ from aiolock import (
     ServerUnavailableError,
     UnsupportedServerError,
 )
+from aiolock._core.transport import redis_compat
 from aiolock.testing import seam
 from tests.core_util import assert_clean, cancel_after_turns, eventually
 from tests.sentinel_servers import SERVICE, SentinelSet
@@ -215,6 +216,60 @@ async def test_close_while_the_watch_asks_every_sentinel(sentinel_set: SentinelS
             break
     else:
         pytest.fail("the asking never ended before the close: count more turns")
+
+
+async def test_racing_discoveries_keep_every_sentinel(sentinel_set: SentinelSet) -> None:
+    """Two connections of a Client connecting at once, while the first
+    Sentinel listed refuses ``SENTINEL MASTERS``: both discoveries pass over
+    it and ask the second one. redis-py moves the Sentinel that answered to
+    the front by a swap at an index taken before its await: the second
+    answer listed that Sentinel twice and dropped the first, whose client was
+    then never closed (its two connections were found unclosed at garbage
+    collection, in a later test) nor asked again. Every Sentinel stays listed
+    once, and once the Client is closed no Sentinel keeps a connection of it.
+
+    Deterministic: the second Sentinel is paused (SIGSTOP) until both
+    discoveries wait on it (its client's pool lends two connections)."""
+    s = sentinel_set
+    before = sentinel_clients(s)
+    async with sentinel_client(s) as client:
+        await (await client.lock("warm").acquire()).release()  # the first Sentinel answered
+        engine = seam.engine(client)
+        manager = engine.deployment.service.manager
+        listed = list(manager.sentinels)
+        by_port = {x.port: x for x in s.sentinels}
+        first, second = (by_port[c.connection_pool.connection_kwargs["port"]] for c in listed[:2])
+        pool = listed[1].connection_pool
+        conns = [engine.new_connection() for _ in range(2)]
+        first.execute("ACL", "SETUSER", "default", "-sentinel|masters")
+        second.pause()
+        try:
+            connecting = [asyncio.create_task(redis_compat.connect(c)) for c in conns]
+            await eventually(
+                lambda: pool.get_connection_count()[1][0] == 2,  # (in use)
+                what="both discoveries waiting on the second Sentinel",
+            )
+        finally:
+            second.resume()
+            first.execute("ACL", "SETUSER", "default", "+sentinel|masters")
+        try:
+            await asyncio.gather(*connecting)
+        finally:
+            for conn in conns:
+                await redis_compat.disconnect(conn)
+        after = list(manager.sentinels)
+
+    def ports(clients: list[Any]) -> list[int]:
+        return sorted(c.connection_pool.connection_kwargs["port"] for c in clients)
+
+    assert ports(after) == ports(listed), "a Sentinel's client dropped, another listed twice"
+    assert {id(c) for c in after} == {id(c) for c in listed}
+
+    def left() -> dict[int, set[str]]:
+        now = sentinel_clients(s)
+        return {p: now[p] - before[p] for p in now if now[p] - before[p]}
+
+    await eventually(lambda: not left(), timeout=5.0, what="no Sentinel connection left")
 
 
 async def test_from_sentinel_bad_arguments_before_io() -> None:

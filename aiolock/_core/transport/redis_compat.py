@@ -26,7 +26,10 @@ The contact:
   ``SentinelManagedConnection`` asks that pool (so the Sentinels) for the
   master's address on every ``connect()``, so it must be kept. ``connect``
   checks such a connection's ROLE after the handshake (a Sentinel may name
-  a master that has just been demoted, or not yet be told of a failover).
+  a master that has just been demoted, or not yet be told of a failover),
+  and puts back in the ``Sentinel``'s public ``sentinels`` list any client
+  that concurrent discoveries dropped from it (``_members``), so that
+  ``Sentinel.aclose()`` closes every one and discovery asks every one.
 
 * Cluster mode (``cluster``'s ``Topology``): a ``redis.asyncio.RedisCluster``'s
   ``nodes_manager`` (public attribute, undocumented) gives the node settings
@@ -160,31 +163,78 @@ class _Masters:
         self.retired: set[tuple[str, int]] = set()
 
 
+#: Per Sentinel manager, its Sentinels' clients as aiolock first saw them.
+#: redis-py's ``Sentinel.discover_master`` moves the Sentinel that answered
+#: to the front of ``manager.sentinels`` by a swap at an index it took before
+#: its await: two discoveries at once (a Client's connections reconnecting
+#: together) that both passed over the first Sentinel (it named no usable
+#: master, or refused) can put the one that answered there twice and drop the
+#: first. Then ``Sentinel.aclose()`` never closes the dropped client (its
+#: connections stay open, found unclosed at garbage collection) and no
+#: discovery asks it again. ``connect`` puts it back (``_keep_sentinels``).
+_members: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+
+
+def _unique(clients: list[Any]) -> list[Any]:
+    """``clients`` without repeats (by identity), in order."""
+    seen: set[int] = set()
+    out = []
+    for client in clients:
+        if id(client) not in seen:
+            seen.add(id(client))
+            out.append(client)
+    return out
+
+
+def _sentinels_of(manager: aioredis.Sentinel) -> tuple[Any, ...]:
+    """The Sentinels' clients of ``manager`` (recorded the first time)."""
+    members = _members.get(manager)
+    if members is None:
+        members = _members[manager] = tuple(_unique(list(manager.sentinels)))
+    return members
+
+
+def _keep_sentinels(manager: aioredis.Sentinel) -> None:
+    """Put back in ``manager.sentinels`` (in place, at the end) every client of
+    it that concurrent discoveries dropped, and drop the repeats (``_members``)."""
+    members = _members.get(manager)
+    current = manager.sentinels
+    if members is None or (
+        len(current) == len(members) and len({id(s) for s in current}) == len(members)
+    ):
+        return
+    kept = _unique(list(current))
+    have = {id(s) for s in kept}
+    current[:] = kept + [s for s in members if id(s) not in have]
+
+
 class SentinelService:
     """What aiolock needs of a Sentinel-managed client (``Sentinel.master_for``):
     the service's name, its Sentinels (to watch ``+switch-master`` and ask
     ``SENTINEL get-master-addr-by-name``), where the last connect went, and
     closing the Sentinels' clients (``Client.from_sentinel`` owns them)."""
 
-    __slots__ = ("_pool", "manager", "name")
+    __slots__ = ("_pool", "_sentinels", "manager", "name")
 
     def __init__(self, pool: SentinelConnectionPool) -> None:
         self._pool = pool
         self.name: str = pool.service_name
         self.manager: aioredis.Sentinel = pool.sentinel_manager
+        #: Every Sentinel's client, whatever order discovery leaves them in.
+        self._sentinels = _sentinels_of(self.manager)
 
     @property
     def addresses(self) -> list[str]:
         """The Sentinels as ``host:port``, for messages."""
         out = []
-        for sentinel in self.manager.sentinels:
+        for sentinel in self._sentinels:
             kwargs = sentinel.connection_pool.connection_kwargs
             out.append(f"{kwargs.get('host')}:{kwargs.get('port')}")
         return out
 
     def factories(self, client_name: str) -> list[ConnectionFactory]:
         """One connection factory per Sentinel, with its own settings (``sentinel_kwargs``)."""
-        return [connection_factory(s, client_name) for s in list(self.manager.sentinels)]
+        return [connection_factory(s, client_name) for s in self._sentinels]
 
     @property
     def master_address(self) -> tuple[str, int] | None:
@@ -213,7 +263,9 @@ class SentinelService:
         masters.current = address
 
     async def aclose(self) -> None:
-        """Close the Sentinels' clients (not the master's)."""
+        """Close the Sentinels' clients (not the master's): every one of them
+        (``_keep_sentinels`` first: ``Sentinel.aclose`` closes those listed)."""
+        _keep_sentinels(self.manager)
         await self.manager.aclose()
 
 
@@ -244,6 +296,10 @@ async def connect(conn: AbstractConnection) -> asyncio.WriteTransport:
         if type(exc) is RedisConnectionError and isinstance(cause, RedisError):
             raise cause from None
         raise
+    finally:
+        if isinstance(conn, SentinelManagedConnection):
+            # Its discovery may have raced another one (see _members).
+            _keep_sentinels(conn.connection_pool.sentinel_manager)
     if isinstance(conn, SentinelManagedConnection):
         await _check_master(conn)
     # redis-py offers no public way to the transport: its stream writer is
