@@ -558,9 +558,13 @@ async def test_readonly_is_retryable_and_followed(sentinel_set: SentinelSet) -> 
                     await seam.engine(client).call("st:ro", b"SET", "st:ro", b"1")
                 assert info.value.code == "READONLY"
                 assert "master changed" in str(info.value)
-            # A wait rides it out as an outage, and says why it gave up.
+            # A wait rides it out as an outage, and says why it gave up. Each
+            # try's connect retries the role check for up to command_timeout
+            # before it fails with "master changed": a wait of twice that has
+            # seen one fail (a shorter one may give up while its first try is
+            # still connecting, with no failure to name).
             with pytest.raises(ConnectionFailedError, match="master changed"):
-                await client.lock("ro").acquire(timeout=0.5)
+                await client.lock("ro").acquire(timeout=2 * client.command_timeout)
             # An acquire cancelled while the Client looks for a master (the
             # connect retries the role check) leaves nothing behind.
             waiting = asyncio.create_task(client.lock("ro-cancelled").acquire(timeout=5))
