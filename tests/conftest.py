@@ -615,10 +615,10 @@ class Masters(list[ServerProcess]):
             server.reset()
 
 
-def _start_masters(kind: ServerKind) -> Masters:
+def _start_masters(name: str) -> Masters:
     if _mode() != "process":
         pytest.skip("Redlock masters are local server processes only")
-    binary = _require_binary(kind)
+    kind, binary = kind_and_binary(name)
     masters = Masters(ServerProcess(kind, binary) for _ in range(3))
     try:
         for server in masters:
@@ -629,13 +629,14 @@ def _start_masters(kind: ServerKind) -> Masters:
     return masters
 
 
-_MastersPool = _Pool[ServerKind, Masters]
+_MastersPool = _Pool[str, Masters]
 
 
 @pytest.fixture(scope="session")
 def redlock_masters_pool() -> Iterator[_MastersPool]:
     """Three independent masters per backend for Redlock, shared by the session
-    (``pool.get(kind)``; ``reset()`` them before use)."""
+    (``pool.get(backend)``: redis, valkey or a ``MATRIX_BACKENDS`` one;
+    ``reset()`` them before use)."""
     pool: _MastersPool = _Pool("Redlock masters", _start_masters)
     try:
         yield pool

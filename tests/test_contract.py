@@ -13,8 +13,9 @@ strictly increase, and after random cancellations nothing is left behind.
 The deployments: one server (Redis and Valkey, every notify mode), the
 shared Redis Cluster (pub/sub and list: sharded channels and per-node
 BLPOP), the shared Sentinel set, a master with ``replicas=1`` (the
-acknowledged lane), and Redlock over three masters. Every (deployment, kind)
-pair that does not run is in `EXCLUDED`, with its reason.
+acknowledged lane), and Redlock over three masters (Redis 7.0, and Redis
+6.2 and Valkey 9.1 as well). Every (deployment, kind) pair that does not
+run is in `EXCLUDED`, with its reason.
 """
 
 from __future__ import annotations
@@ -113,10 +114,13 @@ DEPLOYMENTS = [
     ),
     # Sentinel, replicas=1 and Redlock change where commands go and how they
     # are acknowledged, not how a waiter is woken; what Redis and Valkey do
-    # differently the one-server runs cover, so one backend each.
+    # differently the one-server runs cover, so one backend each. (A Sentinel
+    # set of Redis 6.2 or Valkey 9.1 servers: tests/test_server_matrix.py.)
     Deployment("sentinel", (("redis", "pubsub"),)),
     Deployment("replicas", (("valkey", "pubsub"),)),
-    Deployment("redlock", (("redis", "pubsub"),), held_suffix=":rl"),
+    # Redlock on Redis 6.2 and Valkey 9.1 too: its own scripts (the server's
+    # clock, the fence's generations) run on each server of the matrix.
+    Deployment("redlock", (("redis", "pubsub"), *_matrix(*MATRIX_BACKENDS)), held_suffix=":rl"),
 ]
 
 #: The decision is local once the script has run where the deployment sends
