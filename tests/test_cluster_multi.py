@@ -216,7 +216,7 @@ async def test_fencing_tokens_per_name(make: MakeClient, cluster: ClusterProcess
 
 async def test_parts_are_renewed(make: MakeClient, cluster: ClusterProcess) -> None:
     """Each part is an ordinary hold: the watchdog renews it on its own master."""
-    lease_s = 1.2
+    lease_s = LEASE  # a hold that must survive (1.2 s, renewed every 0.4 s, dies of a 0.8 s stall)
     client = await make(lease=lease_s)
     parts = names_on_masters(cluster)
     multi = client.multi_lock(*(client.lock(n) for n, _ in parts))
