@@ -80,6 +80,7 @@ async def test_parts_on_three_masters(make: MakeClient, cluster: ClusterProcess)
     assert len({m.node_id for _, m in parts}) == 3
     multi = client.multi_lock(*(client.lock(n) for n in names))
     assert isinstance(multi, MultiLock)
+    await seam.engine(client).is_cluster()  # (settled: the capability probe is not counted)
     for _, master in parts:
         master.execute("CONFIG", "RESETSTAT")
     lease = await multi.acquire()

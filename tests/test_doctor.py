@@ -186,6 +186,21 @@ async def test_user_without_scripts_fails(
     assert (code, doc["verdict"]) == (1, "fail")
 
 
+async def test_user_whose_scripts_may_not_publish_warns(
+    fresh_server: ServerProcess, admin: aioredis.Redis, doctor: Doctor
+) -> None:
+    """An ACL user without PUBLISH (as Alibaba Tair's cluster refuses it in
+    scripts): a warning naming notify='list', which works there."""
+    await admin.acl_setuser(
+        "nopublish", enabled=True, passwords=["+pw"], keys=["aiolock:*"], channels=["aiolock:*"],
+        commands=["+@all", "-publish"],
+    )  # fmt: skip
+    _, doc = await doctor(user_url(fresh_server, "nopublish"))
+    check = by_name(doc)["publish-in-scripts"]
+    assert check["status"] == "warn", check
+    assert "notify='list'" in check["detail"], check
+
+
 async def test_user_with_functions_only_warns(
     fresh_server: ServerProcess, admin: aioredis.Redis, doctor: Doctor
 ) -> None:

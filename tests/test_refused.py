@@ -497,7 +497,7 @@ async def test_renewal_never_fails_on_a_key_of_another_type(
 
 
 # Scripts that only read (their snippets' write helpers are never called).
-READ_ONLY = {"owned", "rw_owned", "rw_state"}
+READ_ONLY = {"owned", "rw_owned", "rw_state", "probe"}  # (probe: writes no key)
 
 
 #: How a script's own code may begin: a type check of its keys (_types.lua),

@@ -31,6 +31,7 @@ from aiolock import (
     InvalidArgumentTypeError,
     LockLostError,
     ServerUnavailableError,
+    UnsupportedServerError,
 )
 from aiolock.testing import seam
 from tests.core_util import assert_clean, cancel_after_turns, eventually
@@ -302,6 +303,40 @@ async def test_manual_failover_stops_granting_on_old_master(sentinel_set: Sentin
         still_master, after = role_and_keys(old)
         if still_master:
             assert after == before_old, "something was written on the old master"
+
+
+async def test_the_new_master_is_probed_again(sentinel_set: SentinelSet) -> None:
+    """The capability probe runs again after a failover: a new master that
+    refuses what the old one allowed (here its ACL denies the Client's user
+    PUBLISH, so scripts may not publish) is refused at the next command with
+    UnsupportedServerError naming it, and nothing is written there."""
+    s = sentinel_set
+    if s.kind != "redis":
+        pytest.skip("one more failover on one kind only (the suite's time budget)")
+    master = s.master
+    user = ("ACL", "SETUSER", "probed", "on", ">pw", "~*", "&*", "+@all")
+    for node in s.nodes:
+        node.execute(*user, *(() if node is master else ("-publish",)))
+    try:
+        async with sentinel_client(
+            s, lease=6.0, username="probed", password="pw", prefix="probed"
+        ) as client:
+            async with client.lock("before"):
+                pass
+            assert seam.engine(client).capabilities.publish_in_scripts
+            old = await asyncio.to_thread(s.manual_failover)
+            new = await asyncio.to_thread(s.wait_for_switch, old)
+            watch = seam.engine(client).deployment.watch
+            assert watch is not None
+            await eventually(lambda: watch.known == ("127.0.0.1", new.port), what="switch seen")
+            with pytest.raises(UnsupportedServerError, match="PUBLISH inside scripts") as caught:
+                await client.lock("after").acquire(timeout=10)
+            assert "Redis 7" in str(caught.value) and "notify='list'" in str(caught.value)
+            with redis.Redis(LOOPBACK, new.port, socket_timeout=5) as r:
+                assert r.keys("probed:{after}*") == []
+    finally:
+        for node in s.nodes:
+            node.execute("ACL", "DELUSER", "probed")
 
 
 async def test_lagging_sentinel_does_not_switch_back(sentinel_set: SentinelSet) -> None:

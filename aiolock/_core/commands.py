@@ -96,7 +96,9 @@ class Commands:
         first use. Fails like a command if the server cannot be reached; the
         next command tries again."""
         task = self._settling
-        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+        # A task that is done: it failed (the next command tries again), or it
+        # succeeded and the Client was told to settle again (``reprobe``).
+        if task is None or task.done():
             task = self._settling = asyncio.get_running_loop().create_task(
                 self._set_mode(), name="aiolock-settle"
             )

@@ -72,7 +72,9 @@ from .options import ClientStatistics, Notify, Options
 from .outage import Outage
 from .owner import task_serial
 from .protocol.runner import ScriptRunner
+from .protocol.scripts import load_scripts
 from .topology.deployment import Deployment, deployment_for
+from .topology.probe import describe, probe, refusal
 from .topology.sharded import ShardedListener
 from .transport.connection import Lane
 from .transport.redis_compat import ConnectionFactory, connection_factory
@@ -86,6 +88,7 @@ from .waiting.notify import ListWaiter, PollWaiter, PubSubWaiter, SignalHub, Wai
 __all__ = ["Call", "ClientStatistics", "Engine", "Notify", "Undo"]
 
 log = logging.getLogger("aiolock.lock")
+conn_log = logging.getLogger("aiolock.connection")
 
 S = TypeVar("S")
 A = TypeVar("A")
@@ -151,7 +154,8 @@ class Engine(Commands):
         )
         # Until the deployment is settled, the first command waits for it (_settle).
         self._settling: asyncio.Task[None] | None = None
-        self._settled = self.deployment.settled
+        # (Every deployment settles once at least: the capability probe.)
+        self._settled = False
         # Every connection of this Client is made by it (see Dialer): the
         # redis client's settings, named after this Client on the server.
         self.client_name = f"aiolock:{self.id[:12]}"
@@ -420,8 +424,37 @@ class Engine(Commands):
     # -- Redis, routed by key: the Engine's Commands (commands.py) -----------------------------
 
     async def _set_mode(self) -> None:
-        self.deployment = await self.deployment.settle(self)
+        deployment = self.deployment = await self.deployment.settle(self)
+        # What the server is and allows (topology/probe.py): refused now if
+        # this Client needs what it lacks, before any script of ours ran.
+        runner = self.runner
+        found = await probe(
+            lambda key, *command: self._route(key).call(*command),
+            runner.eval,
+            deployment.capabilities,
+            prefix=self.prefix,
+            ack=self.ack,
+            no_scripts=runner.no_scripts,
+        )
+        error = refusal(found, notify=self.notify)
+        if error is not None:
+            raise error
+        if found.publish_in_scripts != deployment.capabilities.publish_in_scripts:
+            # Scripts that publish nothing (or, after a failover to a server
+            # that allows it again, the usual ones): scripts.py.
+            self.scripts = load_scripts(
+                cluster=bool(deployment.cluster), publish=found.publish_in_scripts
+            )
+        if found != deployment.capabilities:
+            conn_log.info("aiolock: %s", describe(found, runner.functions))
+        deployment.capabilities = found
         self._settled = True
+
+    def reprobe(self) -> None:
+        """Probe the server again before the next command (a failover named
+        another master): that command waits for it, as for the first one."""
+        if self._settled and not self.closed:
+            self._settled = False
 
     def undo(
         self,

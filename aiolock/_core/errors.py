@@ -114,8 +114,13 @@ class UnsupportedServerError(AiolockError):
     on a standalone server. Or Redis Functions asked for (``scripting=
     "functions"``, or ``"auto"`` where the ACL forbids EVAL) on a server
     without them (before Redis 7.0: FCALL is an unknown command; raised at
-    the first call that needs them). The message says which, and what to do.
-    Nothing was changed in Redis.
+    the first call that needs them). Or what the capability probe found
+    missing at the Client's first command (and after a Sentinel failover):
+    a server that runs no scripts; one that refuses ``PUBLISH`` inside
+    scripts while the Client's ``notify="pubsub"`` needs it (use
+    ``notify="list"`` or ``"poll"``); ``replicas=N`` on a server without
+    ``WAIT``. The message names the capability, the server (kind and
+    version), and what to do. Nothing was changed in Redis.
     """
 
 

@@ -20,7 +20,8 @@ has its contract):
 * owners and attempts: ``owner``, ``attempt_id``, ``epoch``;
 * Redis, routed by key: ``eval`` / ``submit_script`` / ``send_script`` /
   ``retry`` / ``clean_up`` run a script for ``keys[0]``; ``call`` sends a
-  plain command; ``is_cluster``;
+  plain command; ``is_cluster``; ``capabilities`` (what the server is and
+  allows, once settled: topology/probe.py);
 * holds: ``new_hold``, ``pass_on``, ``release_hold``, ``release_failed``,
   ``release_finished``, ``undo``; renewed items: ``renew`` / ``untrack`` /
   ``renewing``;
@@ -37,6 +38,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    from .capabilities import Capabilities
     from .holds.lease import Hold
     from .holds.undo import Call, OnReply, Undo
     from .holds.watchdog import Renewable
@@ -121,6 +123,9 @@ class EngineView(Protocol):
     async def call(self, key: Any, *command: Any) -> Any: ...
 
     async def is_cluster(self) -> bool: ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
 
     # -- holds and renewed items
     def new_hold(

@@ -26,6 +26,7 @@ from .._core.errors import (
     InvalidArgumentTypeError,
     LockLostError,
     LockNotOwnedError,
+    UnsupportedServerError,
 )
 from .._core.futures import retrieve
 from .._core.holds.lease import Hold, Lease
@@ -352,6 +353,15 @@ class Election:
         # The deployment settled first (a cluster listens by slot: its listener
         # is installed then), so that the subscription is made where it lasts.
         await engine.is_cluster()
+        found = engine.capabilities
+        if not found.publish_in_scripts:
+            raise UnsupportedServerError(
+                f"{found.server} refuses PUBLISH inside scripts ({found.publish_refusal!r}), "
+                "and observe() learns of a new leader only from the notices that scripts "
+                "publish. Read the leader with leader() when you need it (campaign(), "
+                "resign() and leader() work there), or use a server that allows PUBLISH in "
+                "scripts. Nothing was changed in Redis"
+            )
         notices = self._names.notices
         local = self._names.main + ":observers"
         state = engine.state(local, _Notices, engine)

@@ -73,7 +73,7 @@ class AsyncLock(SingleHolder):
     * **Fencing:** every fresh acquisition gets a token strictly greater than
       every token issued before for this name; a token handed to a local
       waiter without a round trip is never lower than one the server issued
-      since (see the README on restarts and failovers).
+      since (docs/semantics.md, "Restarts and failovers").
     * **Restarts:** when a connection to the server is lost, every hold is
       checked as soon as the server answers again; a hold it no longer has
       is lost at once.

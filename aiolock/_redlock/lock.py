@@ -18,7 +18,7 @@ from .._core.holds.lease import Hold, Lease
 from .._core.observe.observer import FIXED_LEASE_EXPIRED, Observer
 from .._core.protocol.keys import lost_prefix
 from .._core.validate import check_name
-from .._core.waiting.notify import Waiter
+from .._core.waiting.notify import PollWaiter, Waiter
 from .._primitives.base import HeldByTask
 from .._primitives.compete import compete
 from .attempt import MASTER_TIMEOUT
@@ -195,8 +195,13 @@ class RedlockLock(HeldByTask):
             return q.attempt(name, current, lease_s, loop)
 
         def waiter() -> Waiter:
+            masters = q.masters
+            if not all(m.engine.capabilities.publish_in_scripts for m in masters):
+                # A master's scripts may not publish (probe.py): no release
+                # would wake a waiter there. Poll, with the Client's backoff.
+                return PollWaiter(masters[0].engine.backoff)
             return AnyWaiter(
-                [m.engine.pubsub_waiter(m.channel(name)) for m in q.masters], q.majority
+                [m.engine.pubsub_waiter(m.channel(name)) for m in masters], q.majority
             )
 
         def abandon() -> None:

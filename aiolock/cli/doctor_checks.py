@@ -179,9 +179,11 @@ def publish_check(facts: NodeFacts, settings: Settings) -> Check:
         return Check("publish-in-scripts", "warn", "could not check (EVALSHA refused)")
     return Check(
         "publish-in-scripts",
-        "fail",
-        f"a script's {command} failed ({facts.publish.detail or facts.publish.outcome}): every "
-        f"release would fail; grant +{command.lower()} and the channels &<prefix>:*",
+        "warn",
+        f"a script's {command} failed ({facts.publish.detail or facts.publish.outcome}): "
+        "Clients with notify='pubsub' (the default) are refused here (UnsupportedServerError); "
+        "use notify='list' or 'poll' (their scripts publish nothing; Election.observe() is "
+        f"refused), or grant +{command.lower()} and the channels &<prefix>:*",
     )
 
 

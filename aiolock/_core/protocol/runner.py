@@ -48,7 +48,8 @@ Scripting (the Client's ``scripting`` option):
   load``, which an operator runs once; then users that may only FCALL work.
   A server without Functions (before Redis 7.0): UnsupportedServerError.
 * ``"auto"`` (the default): EVALSHA, until a server refuses EVALSHA or
-  SCRIPT LOAD to this user (ACL: NOPERM). That call did not run: the Client
+  SCRIPT LOAD to this user (ACL: NOPERM), or has no such command (renamed
+  away). That call did not run: the Client
   switches to Functions for good (every script, every server: one ACL
   setting) and sends it again as an FCALL. No round trip more where EVAL
   is allowed.
@@ -93,6 +94,8 @@ _NO_FUNCTION = "function not found"
 _EXISTS = re.compile(r"library '[^']*' already exists", re.IGNORECASE)
 #: An ACL refusal of EVAL, EVALSHA or SCRIPT (auto: use Functions instead).
 _NO_EVAL = re.compile(r"no permissions to run the '(?:evalsha|eval|script(?:\|\w+)?)' command")
+#: A server without EVALSHA or SCRIPT (renamed away, or no Lua engine).
+_NO_EVAL_COMMAND = re.compile(r"unknown command .?(?:evalsha|eval|script)\b")
 #: A server without the command (Redis before 7.0 has no FCALL, FUNCTION).
 _UNKNOWN = re.compile(r"unknown command", re.IGNORECASE)
 #: What an operator runs once, for users that may not load the library.
@@ -113,12 +116,14 @@ def missing(error: BaseException | None) -> bool:
 
 def _eval_forbidden(error: BaseException) -> bool:
     """Whether ``error`` is the ACL's refusal of EVALSHA or SCRIPT LOAD itself
-    (not of a command a script ran): the call did not run."""
-    return (
-        isinstance(error, ServerRefusedError)
-        and error.code == "NOPERM"
-        and _NO_EVAL.search(_text(error).lower()) is not None
-    )
+    (not of a command a script ran), or says the server has no such command
+    (renamed away, or a server without Lua): the call did not run."""
+    if not isinstance(error, ServerRefusedError):
+        return False
+    said = _text(error).lower()
+    if error.code == "NOPERM":
+        return _NO_EVAL.search(said) is not None
+    return _NO_EVAL_COMMAND.search(said) is not None
 
 
 def _caused(error: AiolockError, cause: BaseException) -> AiolockError:
@@ -373,6 +378,8 @@ class ScriptRunner:
         #: Runs every script as a Redis Function (``scripting="functions"``,
         #: or ``auto`` once EVALSHA was refused).
         self.functions = scripting == "functions"
+        #: Why ``auto`` switched to Functions (the server's refusal of EVALSHA), if it did.
+        self.eval_refusal: str | None = None
         self._scripts: dict[str, Script] = {}
         self.programs: dict[str, Runnable] = {}
         #: The Functions library, once scripts run as functions.
@@ -427,14 +434,41 @@ class ScriptRunner:
             if self.auto and _eval_forbidden(error):
                 if not self.functions:
                     log.info(
-                        "this Redis user may not run EVALSHA or SCRIPT LOAD (ACL): aiolock "
-                        "runs its scripts as Redis Functions from now on (scripting='auto')"
+                        "this Redis user may not run EVALSHA or SCRIPT LOAD (%s): aiolock "
+                        "runs its scripts as Redis Functions from now on (scripting='auto')",
+                        clause(_text(error)),
                     )
+                    self.eval_refusal = clause(_text(error))
                     self.functions = True
                     self.use(self._scripts)
                 return self.programs[program.name], False
             return error
         return _function_error(error, self.auto, _where(lane))
+
+    def no_scripts(self, error: AiolockError, server: str) -> AiolockError | None:
+        """``error`` (a script's failure) as UnsupportedServerError if ``server``
+        runs no scripts at all: EVALSHA unknown, and (``auto`` tried them next:
+        ``eval_refusal``) Functions missing too. None: the error says what is
+        wrong already (an ACL, a library not loaded)."""
+        said = clause(_text(error))
+        if _NO_EVAL_COMMAND.search(said.lower()):
+            pass  # scripting="eval": EVALSHA is all it tries
+        elif self.eval_refusal is None or not _NO_EVAL_COMMAND.search(self.eval_refusal.lower()):
+            return None
+        elif not isinstance(error, UnsupportedServerError):
+            return None  # Functions were there, and refused otherwise: that error says it
+        else:
+            said = f"{self.eval_refusal}, and then: {said}"
+        return _caused(
+            UnsupportedServerError(
+                f"{server} runs no scripts (it answered {said!r}): every aiolock primitive is "
+                "a Lua script, run with EVALSHA or as a Redis Function with FCALL. Enable "
+                "scripting on the server (Garnet: start it with --lua and "
+                "--lua-transaction-mode; Valkey: keep its Lua engine loaded), or use "
+                "scripting='functions' where FCALL is available. Nothing was changed in Redis"
+            ),
+            error,
+        )
 
     # -- running -------------------------------------------------------------------------------
 

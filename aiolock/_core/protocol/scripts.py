@@ -102,6 +102,34 @@ def _cluster_source(name: str, source: str) -> str:
     return text
 
 
+#: What a script's PUBLISH becomes where scripts may not publish (see
+#: ``_unpublished_source``): a function that reaches nobody.
+_UNPUBLISHED = "local function aiolock_unpublished() return 0 end\n"
+_PUBLISH_CALL = re.compile(r"redis\.call\('S?PUBLISH',\s*")
+#: The capability probe (topology/probe.py): it asks whether a script may
+#: PUBLISH, so it always runs as written.
+PROBE = "probe"
+
+
+def _unpublished_source(source: str) -> str:
+    """A script's text for a server that refuses ``PUBLISH`` (and
+    ``SPUBLISH``) inside scripts (Alibaba Tair's cluster, a server whose
+    command is renamed away): every publish reaches nobody (0 receivers).
+
+    So a release never grants a lock to a waiting Client in its own script
+    (a grant needs a receiver: ``_wake.lua``) and only wakes waiters through
+    the signal lists (``notify="list"``; the Client refuses ``"pubsub"``
+    there). A force release's word to the holder's Client (``_evict.lua``)
+    is not sent either: that Client learns of the loss at its next renewal.
+    The helper goes after a ``#!lua`` line, which must stay the first.
+    """
+    text = _PUBLISH_CALL.sub("aiolock_unpublished(", source)
+    if text.startswith("#!"):
+        first, _, rest = text.partition("\n")
+        return first + "\n" + _UNPUBLISHED + rest
+    return _UNPUBLISHED + text
+
+
 def _node_source(source: str) -> str:
     """A renewal script's node form, from its cluster text: the same script
     over keys of many slots of one node, of which only the first is declared
@@ -152,6 +180,14 @@ class Script:
             source = _cluster_source(name, source)
         return cls(name, source, _sha(source))
 
+    def unpublished(self) -> Script:
+        """This script for a server that refuses PUBLISH in scripts
+        (``_unpublished_source``); the probe stays as it is."""
+        if self.name == PROBE:
+            return self
+        source = _unpublished_source(self.source)
+        return Script(self.name, source, _sha(source))
+
 
 def script_names() -> list[str]:
     """Every operation under aiolock/scripts (files starting with _ are snippets)."""
@@ -186,14 +222,20 @@ NO_WRITES = _tagged("no-writes")
 ALLOW_OOM = _tagged("allow-oom")
 
 
-def load_scripts(*names: str, cluster: bool = False) -> dict[str, Script]:
+def load_scripts(
+    *names: str, cluster: bool = False, publish: bool = True
+) -> dict[str, Script]:
     """Fresh Script objects for one Client (all of them when no name is given);
-    ``cluster``: their cluster-mode text (see ``_cluster_source``)."""
+    ``cluster``: their cluster-mode text (see ``_cluster_source``);
+    ``publish=False``: their unpublished variant (``_unpublished_source``),
+    for a server that refuses PUBLISH inside scripts."""
     scripts = {name: Script.from_file(name, cluster) for name in names or script_names()}
     if cluster:
         for name in RENEWALS & scripts.keys():
             source = _node_source(scripts[name].source)
             scripts[name + NODE] = Script(name + NODE, source, _sha(source))
+    if not publish:
+        scripts = {name: script.unpublished() for name, script in scripts.items()}
     return scripts
 
 

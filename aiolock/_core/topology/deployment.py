@@ -114,13 +114,16 @@ class Wiring(Protocol):
 
     def connection_reset(self) -> None: ...
 
+    def reprobe(self) -> None: ...
+
 
 class Deployment:
     """One way to reach the server(s); the base is a single server's behaviour."""
 
     #: What the deployment is called (logs, ``repr``).
     name: ClassVar[str] = "standalone"
-    capabilities: ClassVar[Capabilities] = STANDALONE
+    #: The mode's capabilities, then what the probe found (the Engine sets it).
+    capabilities: Capabilities = STANDALONE
     #: The slot map (``Cluster`` only, once discovered).
     topology: Topology | None = None
     #: Whether ``settle`` ran (or none was needed): commands go straight to the lanes.
@@ -210,7 +213,10 @@ class Sentinel(Deployment):
 
     async def settle(self, engine: Wiring) -> Deployment:
         """Check that the Sentinels know the service, then watch them for a
-        change of master (``SentinelWatch``)."""
+        change of master (``SentinelWatch``). Once: the settling after a
+        failover (the probe's, ``reprobe``) finds it watching."""
+        if self.settled:
+            return self
         self._engine = engine
         watch = SentinelWatch(
             self.service,
@@ -244,6 +250,9 @@ class Sentinel(Deployment):
             engine.listener.reset()
         engine.signals.reset(f"the master changed: {reason}")
         engine.connection_reset()
+        # Another server: what it is and allows is asked again before the
+        # next command (it may refuse what the old master allowed).
+        engine.reprobe()
 
     async def aclose(self, owned: Closable | None) -> None:
         if self.watch is not None:  # (a switch it reports now finds the Client closed)
@@ -273,7 +282,10 @@ class Cluster(Deployment):
     async def settle(self, engine: Wiring) -> Deployment:
         """Discover the slot map, then install one lane of connections per
         master for commands and one for renewals, sharded pub/sub, and the
-        cluster variant of every script."""
+        cluster variant of every script. Once (a cluster's nodes run one
+        version: ``check_versions``; it is not probed again on failover)."""
+        if self.settled:
+            return self
         topology = Topology(self.client, engine.client_name, engine.command_timeout)
         try:
             await topology.refresh()

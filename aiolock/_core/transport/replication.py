@@ -92,6 +92,21 @@ class Acknowledgement:
             (b"WAITAOF", 1, replicas, ms) if wait_aof else (b"WAIT", replicas, ms)
         )
 
+    @property
+    def probe(self) -> tuple[Any, ...]:
+        """A command that says at once whether this server can acknowledge
+        (the capability probe's, topology/probe.py): the same WAIT or WAITAOF
+        asking for no replica within 1 ms. Its refusal, through ``refusal``,
+        is the error an acquisition would meet. (Numbers as text: a cluster
+        routes a command by its first argument.)"""
+        return (b"WAITAOF", b"1", b"0", b"1") if self.wait_aof else (b"WAIT", b"0", b"1")
+
+    def refusal(self, error: BaseException) -> UnsupportedServerError | None:
+        """The UnsupportedServerError an acquisition would meet for the WAIT's
+        ``error`` (no WAIT, no WAITAOF, no append-only file), else None."""
+        clear = self._explain(error, "nothing was changed in Redis")
+        return clear if isinstance(clear, UnsupportedServerError) else None
+
     def check(self, reply: Any, error: BaseException | None, what: str) -> AiolockError | None:
         """None if the WAIT's ``reply`` says the write was acknowledged, else the
         error to raise (``error``: the WAIT's own failure, made clear)."""
@@ -119,7 +134,9 @@ class Acknowledgement:
             required=self.replicas,
         )
 
-    def _explain(self, error: BaseException) -> AiolockError:
+    def _explain(
+        self, error: BaseException, done: str = "the acquisition was undone"
+    ) -> AiolockError:
         message = str(error)
         if isinstance(error, ServerRefusedError) and "appendonly" in message.lower():
             clear: AiolockError = UnsupportedServerError(
@@ -137,7 +154,7 @@ class Acknowledgement:
                 clear = UnsupportedServerError(
                     f"replicas={self.replicas} needs the WAIT command, which this server does "
                     f"not have: it answered {message!r}. Use a server with WAIT (Redis, "
-                    "Valkey), or replicas=0 (the acquisition was undone)"
+                    f"Valkey), or replicas=0 ({done})"
                 )
         elif isinstance(error, AiolockError):
             return error
