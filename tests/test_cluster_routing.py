@@ -42,7 +42,7 @@ from aiolock._core.protocol.runner import Program
 from aiolock._core.protocol.scripts import Script
 from aiolock._core.topology.cluster import check_version, server_version
 from aiolock._core.topology.mux import ClusterMux
-from tests.cluster_servers import ClusterNode, ClusterProcess
+from tests.cluster_servers import CLUSTER_TIMEOUT, ClusterNode, ClusterProcess
 from tests.servers import LOOPBACK
 
 PASSWORD = "s3cret-cluster"
@@ -54,6 +54,22 @@ PASSWORD = "s3cret-cluster"
 #: (see MIGRATION_LEASE in test_cluster_failover.py). A 0.6 s lease was lost to
 #: a renewal timeout under such load; 3 s allows 2 s.
 RENEWED_LEASE = 3.0
+
+
+def within_deadline(client: Client) -> float:
+    """How long an acquire whose every try gets CLUSTERDOWN may take to fail,
+    whatever (short) timeout its caller gave.
+
+    It gives up at its deadline; a try still on the wire then gets
+    ``REPLY_GRACE`` (1 s) for its reply (compete.py). Had it ignored the
+    deadline, it would have failed only when ``client``'s command lane gave
+    up, its re-sends bounded by ``command_timeout`` (10 s by default), or,
+    with a lane quicker to give up than the caller, never (each failed try
+    retried). "Gave up at its deadline, not the lane's" is a third of that,
+    as "woken, not by the TTL" is a third of the lease. (It was a fixed 3 s:
+    on 2 busy cores the second case below took 2.1 s, its 1 s timeout, a
+    grace and the loop's lag.)"""
+    return client.command_timeout / 3
 
 
 # --------------------------------------------------------------------------- helpers
@@ -348,9 +364,11 @@ def cluster_mux(client: Client) -> ClusterMux:
     return mux
 
 
-async def settled(client: Client) -> ClusterMux:
-    """The Client's command lane once it found the cluster (one acquire)."""
-    async with client.lock("settle"):
+async def settled(client: Client, timeout: float | None = None) -> ClusterMux:
+    """The Client's command lane once it found the cluster (one acquire;
+    ``timeout``: its first contacts may fail until then, as any wait with a
+    timeout rides out failed tries)."""
+    async with client.lock("settle")(timeout=timeout):
         pass
     return cluster_mux(client)
 
@@ -594,7 +612,10 @@ async def test_clusterdown_past_the_callers_timeout_fails_and_leaves_nothing(
         Client.from_url(cluster.url) as other,
     ):
         await settled(client)
-        await settled(impatient)
+        # Its first contacts (the slot map, each master's INFO, the script's
+        # first run) are each bounded by its 0.2 s command_timeout, which a
+        # loaded machine's event loop can miss: a set-up, ridden out.
+        await settled(impatient, timeout=CLUSTER_TIMEOUT)
         key = client.key(name)
         slot = cluster.slot_of(key)
         restore.append(slot)
@@ -608,13 +629,13 @@ async def test_clusterdown_past_the_callers_timeout_fails_and_leaves_nothing(
             with pytest.raises(ConnectionFailedError, match="never found busy") as info:
                 await client.lock(name).acquire(timeout=0.5)
             assert not isinstance(info.value, LockTimeoutError)
-            assert loop.time() - began < 3.0
+            assert loop.time() - began < within_deadline(client)
             # ... ConnectionFailedError when its tries failed until then (the
             # command lane gave up after command_timeout, the wait retried).
             began = loop.time()
             with pytest.raises(ConnectionFailedError, match="CLUSTERDOWN") as info:
                 await impatient.lock(name).acquire(timeout=1.0)
-            assert loop.time() - began < 3.0
+            assert loop.time() - began < within_deadline(client)
             assert "CLUSTERDOWN" in str(info.value.__cause__)
         finally:
             owner.execute("CLUSTER", "ADDSLOTS", slot)
