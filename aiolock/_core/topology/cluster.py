@@ -169,8 +169,10 @@ class Topology:
                     "retrying on each command that needs it",
                     exc,
                 )
+            # (A TimeoutError says nothing by itself: name the bound.)
+            why = clause(exc) or f"no answer within {self.timeout:g} s (command_timeout)"
             raise ConnectionFailedError(
-                f"could not read the cluster's slot map from any known node: {clause(exc)}. "
+                f"could not read the cluster's slot map from any known node: {why}. "
                 "Check that the cluster is up and reachable from here; aiolock retries"
             ) from exc
         slots: list[str | None] = [None] * 16384
