@@ -29,6 +29,7 @@ from aiolock import (
     Redlock,
 )
 from aiolock._redlock import ATTEMPT_LIMIT, MASTER_TIMEOUT, UNDO_WAIT, QuorumEngine, quorum_of
+from aiolock._redlock.calls import Master
 from tests.core_util import assert_refuses_bad_arguments, cancel_at_random, eventually, take_briefly
 from tests.servers import ServerProcess, TcpProxy, binary_for, find_free_port
 
@@ -392,6 +393,121 @@ async def test_master_back_empty_is_not_trusted_for_lost_counters(
     assert fifth.fencing_token > fourth.fencing_token
     await fifth.release()
     await _nothing_held(masters, "empty", p1, p2, p3, p4)
+
+
+@pytest.mark.parametrize("path", ["proposal", "write-back"])
+async def test_a_read_that_comes_before_the_hand_out_still_seeds(
+    make_redlock: MakeRedlock,
+    masters: list[ServerProcess],
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+) -> None:
+    """A master's first-round reply that comes after the round decided but
+    before the token is handed out is handled at the hand-out, as one that
+    comes after it: B, in a new life old enough to be seeded, refused the
+    token as untrusted, so it is seeded with it. B's reply comes in the loop
+    turn of the deciding one, before the attempt resumes (``proposal``: the
+    token proposed, one round), or during the write-back round (``write-back``:
+    the counters run ahead of the clocks)."""
+    a, b, c = masters
+    await _processes(make_redlock, 1)  # founds the roster over A, B, C
+    b.restart()  # B comes back empty: a new generation, not in the roster
+    p = await make_redlock()
+    q = quorum_of(p)
+    await q.settle()
+    await eventually(
+        lambda: all(m.engine.cluster is not None for m in q.masters), what="every master reached"
+    )
+    await (await p.lock("warm-up").acquire(timeout=10)).release()  # sent to B too
+    await eventually(
+        lambda: b.execute("GET", "aiolock:redlock:gen") is not None, what="B's new generation"
+    )
+    created = int(b.execute("GET", "aiolock:redlock:gen").split("/")[1])
+    ahead = _server_clock_us(a) + 10**12
+    if path == "write-back":
+        for server in (a, c):  # the proposal is refused: the token is written back
+            _set_counter(server, "early", ahead)
+    else:  # p handed out `ahead` before: it proposes above it, however late it arrives
+        q.accepted("early", ahead)
+
+    def forward(source: asyncio.Future[Any], target: asyncio.Future[Any]) -> None:
+        # (As Master.script's own: the round may have cancelled a call it no longer waits for.)
+        error = None if source.cancelled() else source.exception()
+        if target.done():
+            return
+        if source.cancelled():
+            target.cancel()
+        elif error is not None:
+            target.set_exception(error)
+        else:
+            target.set_result(source.result())
+
+    # Each first round's calls (A, B, C) as they come, and as the attempt gets
+    # them: A's and C's once all three came (so the round decides on them),
+    # then B's after them (proposal), or once the write-back round is sent.
+    came: list[list[asyncio.Future[Any]]] = []
+    got: list[list[asyncio.Future[Any]]] = []
+    write_backs: list[asyncio.Future[Any]] = []
+    real_script = Master.script
+
+    def deliver(came: list[asyncio.Future[Any]], got: list[asyncio.Future[Any]]) -> None:
+        if all(call.done() for call in came) and not got[0].done():  # once
+            forward(came[0], got[0])
+            forward(came[2], got[2])
+            if path == "proposal":  # in the same turn: B's reply is handled after C's
+                forward(came[1], got[1])
+
+    def script(
+        self: Master, name: str, keys: tuple[Any, ...], args: tuple[Any, ...]
+    ) -> asyncio.Future[Any]:
+        call = real_script(self, name, keys, args)
+        if self not in q.masters:
+            return call
+        i = q.masters.index(self)
+        loop = asyncio.get_running_loop()
+        if name == "redlock_acquire":
+            if i == 0:
+                came.append([])
+                got.append([])
+            came[-1].append(call)
+            got[-1].append(loop.create_future())
+            if i == 2:
+                for each in came[-1]:
+                    each.add_done_callback(lambda _, c=came[-1], g=got[-1]: deliver(c, g))
+            return got[-1][-1]
+        if name == "redlock_fence":
+            write_backs.append(call)
+            b_reply = got[-1][1]
+            if i == 0:  # the first round decided without B: B's reply comes now
+                forward(came[-1][1], b_reply)
+            # This round's replies reach the attempt only after B's first-round
+            # reply did (a future's callbacks run in order: the attempt's first).
+            fenced = loop.create_future()
+            b_reply.add_done_callback(
+                lambda _: call.add_done_callback(lambda f: forward(f, fenced))
+            )
+            return fenced
+        return call
+
+    monkeypatch.setattr(Master, "script", script)
+    await eventually(
+        lambda: _server_clock_us(b) - created > 2 * ATTEMPT_LIMIT * 1_000_000,
+        timeout=2 * ATTEMPT_LIMIT + 10,
+        what="B's generation 2 * ATTEMPT_LIMIT old",
+    )
+    # Any attempt from now on begins when B's generation is more than
+    # 2 * ATTEMPT_LIMIT old: more than ATTEMPT_LIMIT before its read, whenever
+    # the reply is handled (a hand-out comes within ATTEMPT_LIMIT of the start).
+    lease = await p.lock("early").acquire(timeout=10)
+    if path == "write-back":
+        assert lease.fencing_token > ahead and write_backs
+    else:
+        assert lease.fencing_token == ahead + 1 and not write_backs
+    assert got[-1][1].done(), "B's reply did not reach the attempt"
+    await lease.release()
+    await _seeds_sent(p)
+    assert b.execute("HGET", _fence_key("early"), "t") == str(lease.fencing_token)
+    await _nothing_held(masters, "early", p)
 
 
 async def test_master_back_from_a_stale_snapshot_keeps_tokens_increasing(

@@ -18,7 +18,7 @@ A failed attempt releases its value on every master (by value, so also where
 its reply was lost or late; idempotent) before it returns; an attempt
 cancelled anywhere is undone the same way by its caller, in the background.
 Once a majority accepted a token, the masters that refused it as untrusted
-are seeded with it (``fencing.seed_generation``).
+are seeded with it (``fencing.seed_generation``), whenever their reply comes.
 """
 
 from __future__ import annotations
@@ -92,15 +92,28 @@ async def attempt(
     proposed = fencing.proposal(q.last_token(name), time.time_ns() // 1000, bool(known))
     common = (proposed, to_ms(FENCE_RETENTION), RETENTION_US, *known)
     handed: list[int] = []  # the token, once handed out
+    # Reads that came after the first round decided but before a hand-out (in
+    # the write-back round, or before the attempt resumed): handled at the
+    # hand-out, if there is one, as if they had come after it.
+    early: list[tuple[int, Any]] = []
 
     def late(i: int, reply: Any) -> None:
         # A read that came after the attempt decided: seed its master if it
         # refused or could not vouch; not if it accepted the proposal handed out.
         if not handed:
+            early.append((i, reply))
             return
         accepted_it = isinstance(reply, list) and int(reply[6]) == fencing.ACCEPTED
         if not (accepted_it and handed[0] == proposed):
             q.seed(name, handed[0], i, reply, None, start)
+
+    def hand_out(token: int, codes: Sequence[int | None]) -> Outcome:
+        handed.append(token)
+        _hand_out(q, name, token, replies, codes, start)
+        for i, reply in early:
+            late(i, reply)
+        early.clear()
+        return (token, start + validity), None
 
     # A random generation id of its own, used if the master has none yet.
     calls = [
@@ -150,9 +163,7 @@ async def attempt(
         if loop.time() >= too_late:
             await q.undo_and_wait(name, value, replies)
             return None, backoff(lease_s)
-        handed.append(proposed)
-        _hand_out(q, name, proposed, replies, codes, start)
-        return (proposed, start + validity), None
+        return hand_out(proposed, codes)
     # The write-back round.
     token = fencing.write_back(proposed, reads)
     fence = [
@@ -175,9 +186,7 @@ async def attempt(
     )
     codes = [ack(a) for a in acks]
     if fencing.handed_out(codes, majority) and loop.time() < too_late:
-        handed.append(token)
-        _hand_out(q, name, token, replies, codes, start)
-        return (token, start + validity), None
+        return hand_out(token, codes)
     await q.undo_and_wait(name, value, replies)
     return None, backoff(lease_s)
 
