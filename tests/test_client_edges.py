@@ -9,7 +9,7 @@ import pytest
 
 from aiolock import Client, ClientClosedError, WrongEventLoopError
 from aiolock.testing import seam
-from tests.core_util import eventually
+from tests.core_util import cancel_after_turns, eventually
 from tests.servers import RedisServer
 
 
@@ -125,3 +125,24 @@ async def test_idle_pubsub_connection_is_not_reconnected(
         if r.levelno >= logging.WARNING and r.name.startswith("aiolock")
     ]
     assert warnings == []
+
+
+@pytest.mark.parametrize("turns", range(0, 12, 2))
+async def test_a_cancelled_aclose_still_closes(server: RedisServer, turns: int) -> None:
+    """aclose() cancelled after ``turns`` loop turns (while it releases, stops
+    its tasks or closes its connections): the closing goes on to its end, a
+    second aclose() waits for it, and then the hold is released in Redis, the
+    waiter told, and no connection of the Client is left on the server."""
+    client = Client.from_url(server.url, cluster=False)
+    await client.lock("a").acquire()
+    other = asyncio.create_task(client.lock("a").acquire())  # a local waiter
+    await eventually(lambda: client.statistics().waiting == 1, what="the waiter")
+    await cancel_after_turns(client.aclose(), turns)
+    assert client.closed or turns == 0  # (cancelled before it began: nothing happened)
+    await client.aclose()  # waits for the closing under way
+    with pytest.raises(ClientClosedError):
+        await other
+    assert server.execute("EXISTS", "aiolock:{a}") == 0
+    await eventually(
+        lambda: _connections_named(server, client) == 0, what="no connection of the Client"
+    )

@@ -49,7 +49,7 @@ import asyncio
 import logging
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -61,7 +61,7 @@ from .errors import (
     WrongEventLoopError,
     asyncio_required,
 )
-from .futures import stop
+from .futures import retrieve, stop
 from .holds.evict import Evictions
 from .holds.lifecycle import Holds
 from .holds.undo import Call, OnReply, Undo
@@ -154,6 +154,8 @@ class Engine(Commands):
         )
         # Until the deployment is settled, the first command waits for it (_settle).
         self._settling: asyncio.Task[None] | None = None
+        # The closing under way or done (aclose): a cancelled aclose leaves it running.
+        self._closing: asyncio.Task[None] | None = None
         # (Every deployment settles once at least: the capability probe.)
         self._settled = False
         # Every connection of this Client is made by it (see Dialer): the
@@ -286,35 +288,59 @@ class Engine(Commands):
             raise WrongEventLoopError(_WRONG_LOOP)
 
     async def aclose(self) -> None:
-        """Close the Client. Idempotent. See the class docstring for what happens to holds."""
-        if self.closed:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            raise asyncio_required() from None
-        # Checked before anything changes: a call from the wrong loop leaves the
-        # Client as it was, so that aclose() from its own loop still does the work.
-        if self.loop is not None and loop is not self.loop:
+        """Close the Client. Idempotent. See the class docstring for what happens to holds.
+
+        Cancellation: the closing runs in a task of its own. A caller
+        cancelled while it runs gets CancelledError, and the closing goes on
+        to its end (releases sent, connections closed); another ``aclose()``
+        waits for that same closing, and returns when it is done."""
+        closing = self._closing
+        if closing is None:
+            if self.closed:
+                return
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                raise asyncio_required() from None
+            # Checked before anything changes: a call from the wrong loop leaves the
+            # Client as it was, so that aclose() from its own loop still does the work.
+            if self.loop is not None and loop is not self.loop:
+                raise WrongEventLoopError(
+                    "close the aiolock Client from the event loop it was first used on. "
+                    + _WRONG_LOOP
+                )
+            self.closed = True
+            for state in list(self.states.values()):
+                state.close()
+            holds = [h for state in list(self.states.values()) for h in state.holds()]
+            for hold in holds:
+                hold.mark_lost(CLIENT_CLOSED)
+            releases: list[Awaitable[Any]] = []
+            if self.started:
+                releases = [
+                    self.submit_script(h.release_script, h.release_keys, h.release_args)
+                    for h in holds
+                ]
+                # Leave the plain locks' waiting sets, so that no release is aimed at us.
+                for state in list(self.states.values()):
+                    leave = getattr(state, "leave", None)
+                    left = leave() if leave is not None else None
+                    if left is not None:
+                        releases.append(left)
+            closing = self._closing = loop.create_task(
+                self._close(releases), name="aiolock-close"
+            )
+            closing.add_done_callback(retrieve)
+        elif self.loop is not None and asyncio.get_running_loop() is not self.loop:
             raise WrongEventLoopError(
                 "close the aiolock Client from the event loop it was first used on. " + _WRONG_LOOP
             )
-        self.closed = True
-        for state in list(self.states.values()):
-            state.close()
-        holds = [h for state in list(self.states.values()) for h in state.holds()]
-        for hold in holds:
-            hold.mark_lost(CLIENT_CLOSED)
+        await asyncio.shield(closing)
+
+    async def _close(self, releases: list[Awaitable[Any]]) -> None:
+        """The part of ``aclose`` that waits: the releases (bounded), then
+        every task and connection, in the order their parts need."""
         if self.started:
-            releases = [
-                self.submit_script(h.release_script, h.release_keys, h.release_args) for h in holds
-            ]
-            # Leave the plain locks' waiting sets, so that no release is aimed at us.
-            for state in list(self.states.values()):
-                leave = getattr(state, "leave", None)
-                left = leave() if leave is not None else None
-                if left is not None:
-                    releases.append(left)
             if releases:
                 try:
                     async with asyncio.timeout(min(self.command_timeout, 2.0)):
